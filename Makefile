@@ -1,0 +1,20 @@
+# The two set-up-and-go commands of the README. Each creates or updates .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test bench venv
+
+venv:
+	@VENV=$(VENV) bash scripts/setup_env.sh
+
+## make run: the default cost suite for this device + a short time-to-target race + report
+run: venv
+	$(VENV)/bin/routerbench run $(ARGS)
+
+## make test: the test suite (fails when pytest collects no test)
+test: venv
+	$(PY) -m pytest -q $(ARGS)
+
+## make bench: the pytest-benchmark suite (tests/benchmarks)
+bench: venv
+	$(PY) -m pytest tests/benchmarks --benchmark-only $(ARGS)

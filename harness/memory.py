@@ -1,0 +1,78 @@
+"""Memory metrics (MEASUREMENT.md, "Memory").
+
+- ``saved_activation``: bytes of the tensors autograd saves for backward during one forward,
+  counted with ``torch.autograd.graph.saved_tensors_hooks``. Each storage is counted once at its
+  full size (a saved view of a larger buffer costs the buffer), and storages of the model's own
+  parameters and buffers are excluded (they are resident anyway). Device-independent: CPU runs
+  compare routers' activation memory exactly.
+- ``peak_allocated`` / ``peak_reserved`` (CUDA only): ``max_memory_allocated`` /
+  ``max_memory_reserved`` after ``reset_peak_memory_stats`` around one untimed step. Neither
+  counts the CUDA context.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+
+def saved_activation_bytes(forward: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
+    """Bytes saved for backward by ``forward()`` (which must build an autograd graph).
+
+    Args:
+        forward: runs one forward pass with grad enabled; its result is dropped afterwards.
+        exclude: tensors whose storages are not activations (the model's parameters, buffers).
+
+    Returns:
+        the sum of ``untyped_storage().nbytes()`` over distinct saved storages, in bytes.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal total
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in skip and ptr not in seen:
+            seen.add(ptr)
+            total += storage.nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return total
+
+
+def model_tensors(model: torch.nn.Module) -> list[Tensor]:
+    """Parameters and buffers of ``model`` (to exclude from :func:`saved_activation_bytes`)."""
+    return [*model.parameters(), *model.buffers()]
+
+
+def cuda_peak_memory(step: Callable[[], object], device: torch.device) -> dict[str, int]:
+    """Peak CUDA memory of one untimed ``step()``.
+
+    Returns:
+        ``peak_allocated`` and ``peak_reserved`` in bytes, ``alloc_retries`` and ``ooms`` counts
+        (from ``torch.cuda.memory_stats``) of that step.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"cuda_peak_memory needs a CUDA device, got {device}")
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_stats(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    after = torch.cuda.memory_stats(device)
+    return {
+        "peak_allocated": torch.cuda.max_memory_allocated(device),
+        "peak_reserved": torch.cuda.max_memory_reserved(device),
+        "alloc_retries": after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0),
+        "ooms": after.get("num_ooms", 0) - before.get("num_ooms", 0),
+    }

@@ -1,0 +1,126 @@
+"""The cost sweep: measure each :class:`~harness.cases.Case` and append its rows as they are made.
+
+Per case, in separate passes (MEASUREMENT.md): parameter counts; fvcore forward FLOPs on the
+uncompiled model (once per router and shape); saved-activation bytes (``fwd_bwd``); CUDA peak
+memory in an untimed step; then warm-up and timed repeats. A failing case becomes an ``error`` or
+``oom`` row and the sweep goes on; a finished case is marked done, so an interrupted sweep
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from tqdm import tqdm
+
+from workloads.data import synthetic_batch
+from workloads.decoder import Decoder, parameter_counts
+
+from .cases import Case
+from .memory import cuda_peak_memory, model_tensors, saved_activation_bytes
+from .modes import make_step
+from .records import RecordWriter, done_cases
+from .timing import TimingPolicy, time_steps, warm_up
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """What to measure besides step time.
+
+    Attributes:
+        flops: count fvcore forward FLOPs (skipped with a reason when fvcore is missing).
+        memory: saved-activation bytes, and CUDA peak memory on CUDA.
+        timing: warm-up and repeat policy.
+    """
+
+    flops: bool = True
+    memory: bool = True
+    timing: TimingPolicy = TimingPolicy()
+
+
+def build_model(case: Case, device: torch.device) -> Decoder:
+    """The case's decoder with seeded weights on ``device``."""
+    torch.manual_seed(case.seed)
+    return Decoder(case.cfg, case.router, case.router_kwargs()).to(device)
+
+
+def _flops_key(case: Case) -> tuple:
+    return (case.router, case.key.split("|")[1], case.impl, case.cfg)
+
+
+def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: RecordWriter) -> None:
+    """fvcore forward FLOPs of the uncompiled model (rows ``fwd_flops_fvcore``, ``router_flops_fvcore``)."""
+    cols = case.columns()
+    try:
+        from .flops import count_fwd_flops
+    except ImportError as exc:  # fvcore is optional on a bare GPU box
+        w.write(**cols, metric="fwd_flops_fvcore", unit="FMA", status="skipped", error=f"fvcore unavailable: {exc}")
+        return
+    fc = count_fwd_flops(model, (x,))
+    w.write(**cols, metric="fwd_flops_fvcore", value=fc.total_fma, unit="FMA")
+    w.write(**cols, metric="router_flops_fvcore", value=fc.router_fma, unit="FMA")
+
+
+def run_case(case: Case, device: torch.device, w: RecordWriter, opts: SweepOptions,
+             count_flops: bool = True) -> str:
+    """Measure one case; returns its final status (``ok``, ``oom`` or ``error``)."""
+    cols = case.columns()
+    try:
+        model = build_model(case, device)
+        counts = parameter_counts(model)
+        w.write(**cols, metric="params_matrix", value=counts["matrix"], unit="count")
+        w.write(**cols, metric="params_router", value=counts["router"], unit="count")
+        x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
+                               seed=case.seed, device=device)
+        if opts.flops and count_flops:
+            measure_flops(case, model, x, w)
+        if opts.memory and case.mode == "fwd_bwd":
+            model.train()
+            saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
+            w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
+        step = make_step(model, case.mode, x, y)
+        if opts.memory and device.type == "cuda":
+            for metric, value in cuda_peak_memory(step, device).items():
+                w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
+        warm_up(step, device, opts.timing)
+        for i, ms in enumerate(time_steps(step, device, opts.timing.repeats)):
+            w.write(**cols, metric="step_time", value=ms, unit="ms", repeat=i)
+        return "ok"
+    except torch.cuda.OutOfMemoryError as exc:
+        w.write(**cols, metric="step_time", unit="ms", status="oom", error=str(exc).splitlines()[0])
+        return "oom"
+    except Exception as exc:  # one broken case never kills a sweep
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        w.write(**cols, metric="step_time", unit="ms", status="error",
+                error=f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})")
+        return "error"
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_sweep(cases: Iterable[Case], device: torch.device, w: RecordWriter,
+              opts: SweepOptions = SweepOptions(), progress: bool = True) -> dict[str, int]:
+    """Measure every case not yet done in ``w.run_dir``; returns a count per final status
+    (``resumed`` counts the cases skipped because an earlier session finished them)."""
+    cases = list(cases)
+    done = done_cases(w.run_dir)
+    stats: dict[str, int] = {"resumed": 0}
+    flops_seen: set = set()
+    # FLOPs are a property of router and shape, not mode: count them at the first case of each.
+    bar = tqdm(cases, desc="cost sweep", unit="case", disable=not progress)
+    for case in bar:
+        fk = _flops_key(case)
+        first = fk not in flops_seen
+        flops_seen.add(fk)
+        if case.key in done:
+            stats["resumed"] += 1
+            continue
+        bar.set_postfix_str(f"{case.router} d={case.cfg.d_model} L={case.cfg.n_layers} {case.mode}")
+        status = run_case(case, device, w, opts, count_flops=first)
+        stats[status] = stats.get(status, 0) + 1
+        w.mark_done(case.key)
+    return stats

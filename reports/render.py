@@ -1,0 +1,317 @@
+"""The per-GPU report: tables and figures of one or more runs as ``report.md`` and ``report.html``.
+
+Both documents come from one list of sections, so they say the same thing; the HTML one embeds its
+figures as base64 PNG data URIs and needs no other file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from harness.records import MANIFEST_FILE
+
+from . import figures, tables
+
+CPU_RACE_NOTE = "On CPU the race is a smoke test: the papers see gains only at 24–48 layers."
+
+#: Report header and number format of each measured column.
+COLUMN_STYLE = {
+    "median_ms": ("median step (ms)", "{:.3f}"), "iqr_ms": ("IQR (ms)", "{:.3f}"),
+    "n": ("repeats", None), "prenorm_ms": ("prenorm (ms)", "{:.3f}"),
+    "overhead_pct": ("overhead vs prenorm (%)", "{:+.1f}"), "gflop_fwd": ("fwd GFLOP", "{:.3f}"),
+    "router_flop_pct": ("router FLOP (%)", "{:.2f}"), "saved_mib": ("saved act. (MiB)", "{:.2f}"),
+    "saved_ratio": ("saved / prenorm", "{:.2f}"), "router_state_mib": ("router state (MiB)",
+                                                                      "{:.3f}"),
+    "peak_mib": ("peak alloc. (MiB)", "{:.1f}"), "params_matrix": ("matrix params", "{:,.0f}"),
+    "params_router": ("router params", "{:,.0f}"), "target_loss": ("target (nats)", "{:.4f}"),
+    "time_to_target": ("time to target (s)", "{:.1f}"), "steps_to_target": ("steps", None),
+    "tokens_to_target": ("tokens", "{:,.0f}"), "token_budget": ("token budget", "{:,.0f}"),
+    "loss_at_token_budget": ("loss at budget (nats)", "{:.4f}"),
+    "final_val_loss": ("final val loss", "{:.4f}"), "final_step": ("final step", None),
+    "median_time_to_target": ("median time to target (s)", "{:.1f}"),
+    "min_s": ("min (s)", "{:.1f}"), "max_s": ("max (s)", "{:.1f}"),
+    "median_loss_at_budget": ("median loss at budget", "{:.4f}"),
+}
+#: Case columns that, when equal in every row, move into a sentence above the table.
+_COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "mode", "workload",
+           *tables.SHAPE_COLS, "device", "seed")
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.88em}
+th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right}th{background:#f2f2f2}
+td:first-child,th:first-child{text-align:left}img{max-width:100%}h1{font-size:1.5em}
+h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em}.note{color:#555}"""
+
+
+@dataclass
+class Section:
+    """One report section: a heading and blocks ``("text", str)``, ``("subtitle", str)``,
+    ``("table", DataFrame)`` or ``("figure", Path, caption)``."""
+
+    title: str
+    blocks: list[tuple] = field(default_factory=list)
+
+
+#: Rows of the environment table: (label, shown when no manifest has it, candidate keys of the
+#: manifest, each a dotted path or its last component; harness.env nests most under "environment").
+_ENV_FIELDS = (
+    ("device", True, ("gpu_name", "device_name", "gpu.name", "device")),
+    ("torch", True, ("torch_version", "torch")),
+    ("CPU", True, ("cpu_model", "cpu.model", "processor")),
+    ("threads", True, ("torch_threads", "cpu_threads", "num_threads", "threads")),
+    ("git sha", True, ("git_sha", "git.sha", "commit")),
+    ("command line", True, ("command_line", "command", "argv")),
+    ("corpus sha256", True, ("corpus.sha256", "corpus_sha256", "corpus_hash")),
+    ("GPU count", False, ("gpu_count",)), ("CPU count", False, ("cpu_count",)),
+    ("CUDA", False, ("cuda_version", "cuda")), ("driver", False, ("driver",)),
+    ("Python", False, ("python_version", "python")),
+    ("precision", False, ("precision_policy", "matmul_precision")),
+)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _lookup(flat: dict[str, Any], candidates: Iterable[str]) -> str | None:
+    for c in candidates:
+        hits = [v for k, v in flat.items() if k == c] or \
+               [v for k, v in flat.items() if k.rsplit(".", 1)[-1] == c]
+        for v in hits:
+            if isinstance(v, (list, tuple)):
+                return shlex.join(str(x) for x in v)
+            if v not in (None, ""):
+                return str(v)
+    return None
+
+
+def environment_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame:
+    """The environment of each run from its ``manifest.json``.
+
+    Returns:
+        ``field`` plus one column per run with a manifest (named by its ``run_id`` or directory
+        name); empty when no run has a manifest. Long hashes are shortened.
+    """
+    manifests = {}
+    for d in map(Path, run_dirs):
+        try:
+            manifests[d] = json.loads((d / MANIFEST_FILE).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue  # a run without a (readable) manifest: the report says so
+    if not manifests:
+        return pd.DataFrame(columns=["field"])
+    flats = {str(m.get("run_id") or d.name): _flatten(m) for d, m in manifests.items()}
+    rows = []
+    for label, always, cands in _ENV_FIELDS:
+        vals = {run: _lookup(f, cands) for run, f in flats.items()}
+        if not always and all(v is None for v in vals.values()):
+            continue
+        if label in ("git sha", "corpus sha256"):  # 12 hex digits name a commit or a corpus
+            vals = {r: v and v[:12] + ("-dirty" if v.endswith("-dirty") else "")
+                    for r, v in vals.items()}
+        rows.append({"field": label, **{r: "–" if v is None else v for r, v in vals.items()}})
+    return pd.DataFrame(rows)
+
+
+def _cell(value, fmt: str | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return "–"
+    if isinstance(value, str):
+        return value
+    if fmt:
+        return fmt.format(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def display_frame(frame: pd.DataFrame, drop: Iterable[str] = (),
+                  move_common: bool = True) -> tuple[pd.DataFrame, list[str]]:
+    """A table ready to print: numbers formatted as strings under report headers, empty columns
+    dropped and, with ``move_common``, case columns equal in every row dropped too.
+
+    Returns:
+        (the formatted frame, the names of the columns equal in every row that were dropped).
+    """
+    frame = frame.drop(columns=[c for c in drop if c in frame])
+    empty = [c for c in frame if frame[c].isna().all() or (frame[c].astype(str) == "").all()]
+    common = [c for c in _COMMON if move_common and c in frame and c not in empty
+              and len(frame) > 1 and frame[c].astype(str).nunique() == 1]
+    frame = frame.drop(columns=empty + common)
+    out = pd.DataFrame({COLUMN_STYLE.get(c, (c,))[0]:
+                        [_cell(v, COLUMN_STYLE.get(c, (c, None))[1]) for v in frame[c]]
+                        for c in frame})
+    return out, common
+
+
+def _table_blocks(frame: pd.DataFrame, empty_text: str, drop: Iterable[str] = (),
+                  split: Iterable[str] = ()) -> list:
+    """A sentence with the columns common to all rows, then the table, or one sub-table per
+    value of the ``split`` columns that vary (e.g. one per mode and backend)."""
+    if frame.empty:
+        return [("text", empty_text)]
+    frame = frame.drop(columns=[c for c in drop if c in frame])
+    shown, common = display_frame(frame)
+    blocks = [("text", "Common to all rows: " + ", ".join(
+        f"{c} {_cell(frame[c].iloc[0], None)}" for c in common) + ".")] if common else []
+    keys = [c for c in split if c in frame and c not in common]
+    if not keys:
+        return blocks + [("table", shown)]
+    for values, group in frame.groupby(keys, sort=False):
+        blocks.append(("subtitle", " · ".join(str(v) for v in values if str(v))))
+        blocks.append(("table", display_frame(group, common + keys, move_common=False)[0]))
+    return blocks
+
+
+def _figure_block(path: Path | None, name: str, caption: str) -> tuple:
+    return ("figure", path, caption) if path else ("text", figures.NO_DATA[name])
+
+
+def _title(df: pd.DataFrame, env: pd.DataFrame, run_dirs: list[Path]) -> str:
+    names = []
+    for run in env.columns[1:]:
+        device, cpu = (env.loc[env["field"] == f, run].iloc[0] for f in ("device", "CPU"))
+        names.append(cpu if device.lower() in ("cpu", "–") and cpu != "–" else device)
+    names = [n for n in names if n != "–"] or sorted(d for d in df["device"].unique() if d)
+    runs = sorted(r for r in df["run_id"].unique() if r) or [d.name for d in run_dirs]
+    return (f"routerbench report: {', '.join(dict.fromkeys(names)) or 'unknown device'}"
+            f" — run {', '.join(runs)}")
+
+
+def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path | None]
+                   ) -> tuple[str, list[Section]]:
+    """The report's title and sections from the long frame, its run directories and its figures
+    (name -> PNG path or ``None``)."""
+    env = environment_table(run_dirs)
+    head = Section("Environment", _table_blocks(
+        env, "No manifest.json in " + ", ".join(map(str, run_dirs)) + "."))
+    head.blocks.append(("text", "Method: step times are medians of the timed repeats (IQR = "
+                        "q75 − q25); overhead = router median / prenorm median − 1 in the same "
+                        "run, at the same backend, compile mode, mode, workload and shape. FLOPs "
+                        f"from fvcore: {tables.FLOP_CONVENTION}. Memory in MiB (2^20 bytes)."))
+    cost = Section("Cost: step time, FLOPs and memory vs prenorm", _table_blocks(
+        tables.overhead_table(df), "No cost-sweep rows (modes fwd, fwd_bwd, train_step) in these "
+        "runs.", drop=("variant",),
+        split=("run_id", "workload", "mode", "backend", "compile_mode")))
+    cost.blocks += [
+        _figure_block(figs.get("step_time_overhead_vs_width"), "step_time_overhead_vs_width",
+                      "Step-time overhead vs prenorm by width"),
+        _figure_block(figs.get("flops_vs_depth"), "flops_vs_depth", "Forward GFLOP by depth"),
+        _figure_block(figs.get("compile_vs_eager"), "compile_vs_eager", "Eager vs compiled"),
+    ]
+    train = Section("Training race: time to target loss", [("text", CPU_RACE_NOTE)])
+    runs = tables.training_summary(df)
+    train.blocks += _table_blocks(runs, "No training rows (mode train) in these runs.",
+                                  drop=("variant",))
+    if not runs.empty and runs["seed"].nunique() > 1:
+        train.blocks.append(("text", "Pooled over seeds (a run that never reached the target "
+                                     "counts as slowest):"))
+        train.blocks += _table_blocks(tables.training_by_router(df), "")
+    train.blocks.append(_figure_block(figs.get("loss_curves"), "loss_curves",
+                                      "Validation loss vs tokens and wall time"))
+    fails = Section("Skipped and failed cases", _table_blocks(
+        tables.failures(df), "None: every case ran (not-converged training runs are listed "
+                             "above)."))
+    return _title(df, env, run_dirs), [head, cost, train, fails]
+
+
+def render_markdown(title: str, sections: list[Section], out_dir: Path) -> str:
+    """Markdown text; figures as image links relative to ``out_dir``."""
+    lines = [f"# {title}", ""]
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        for kind, *rest in s.blocks:
+            if kind == "text":
+                lines += [rest[0], ""]
+            elif kind == "subtitle":
+                lines += [f"### {rest[0]}", ""]
+            elif kind == "table":  # a "|" (case keys use it) or a newline would break the row
+                cells = rest[0].map(lambda v: v.replace("|", "\\|").replace("\n", " "))
+                lines += [cells.to_markdown(index=False, disable_numparse=True), ""]
+            else:
+                path, caption = rest
+                rel = Path(path).resolve().relative_to(Path(out_dir).resolve())
+                lines += [f"![{caption}]({rel.as_posix()})", ""]
+    return "\n".join(lines)
+
+
+def render_html(title: str, sections: list[Section]) -> str:
+    """A self-contained HTML page: inline CSS, tables via ``DataFrame.to_html``, figures as
+    base64 PNG data URIs."""
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    for s in sections:
+        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+        for kind, *rest in s.blocks:
+            if kind == "text":
+                parts.append(f'<p class="note">{html.escape(rest[0])}</p>')
+            elif kind == "subtitle":
+                parts.append(f"<h3>{html.escape(rest[0])}</h3>")
+            elif kind == "table":
+                parts.append(rest[0].to_html(index=False, border=0, escape=True))
+            else:
+                path, caption = rest
+                data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+                parts.append(f'<figure><img alt="{html.escape(caption)}" '
+                             f'src="data:image/png;base64,{data}"><figcaption>'
+                             f"{html.escape(caption)}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) -> dict[str, Path]:
+    """Tables, figures and the report of one or more runs.
+
+    Args:
+        run_dirs: run directories (``results/<device-slug>/<run-id>/``), each with
+            ``records.jsonl`` and, ideally, ``manifest.json``.
+        out_dir: where to write; defaults to the run directory when there is exactly one.
+
+    Returns:
+        File name -> path of everything written: ``report.md``, ``report.html``,
+        ``overhead.csv`` and one ``<figure>.png`` per figure that had data.
+
+    Raises:
+        ValueError: no run directory, or several and no ``out_dir`` (``routerbench report --out``).
+        FileNotFoundError: a run directory without ``records.jsonl`` (named in the message).
+    """
+    paths = tables.run_dir_paths(run_dirs)
+    if out_dir is None:
+        if len(paths) > 1:
+            raise ValueError(f"{len(paths)} run directories given and no out_dir: pass out_dir "
+                             "(routerbench report RESULTS... --out DIR)")
+        out_dir = paths[0]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    df = tables.load_frame(paths)
+    written: dict[str, Path] = {}
+    overhead = out / "overhead.csv"
+    tables.overhead_table(df).to_csv(overhead, index=False)
+    written[overhead.name] = overhead
+    figs = {}
+    for name, fn in figures.FIGURES.items():
+        figs[name] = fn(df, out)
+        stale = out / f"{name}.png"
+        if figs[name] is None and stale.exists():
+            stale.unlink()  # a figure of an earlier report whose data is no longer here
+        if figs[name] is not None:
+            written[figs[name].name] = figs[name]
+    title, sections = build_sections(df, paths, figs)
+    md, page = out / "report.md", out / "report.html"
+    md.write_text(render_markdown(title, sections, out), encoding="utf-8")
+    page.write_text(render_html(title, sections), encoding="utf-8")
+    written[md.name], written[page.name] = md, page
+    return written

@@ -1,0 +1,138 @@
+"""The router contract (DESIGN.md, "The router contract") and the block layout rule.
+
+Sublayers are indexed k = 0 .. 2L-1, attention at even k and MLP at odd k (ROUTERS.md). The
+decoder runs::
+
+    s = r.init_state(e)
+    for slot, f in zip(r.slots, sublayers):
+        s = r.write(s, slot, f(r.read(s, slot)))
+    h_out = r.output(s)
+
+Slots are static Python values, so the loop unrolls under ``torch.compile(fullgraph=True)`` and
+replays inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from workloads.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Static position of one sublayer.
+
+    Attributes:
+        index: sublayer index k, 0 .. 2L-1.
+        kind: ``"attn"`` (even k) or ``"mlp"`` (odd k).
+        block: block number 1..N (block routers); 1 for the others.
+        pos: position p inside its block, from 0.
+        block_len: sublayers m in this block.
+    """
+
+    index: int
+    kind: str
+    block: int
+    pos: int
+    block_len: int
+
+    @property
+    def last_in_block(self) -> bool:
+        return self.pos == self.block_len - 1
+
+
+def default_n_blocks(n_layers: int) -> int:
+    """The largest divisor of ``n_layers`` that is at most 8 (48 → 8, 24 → 8, 12 → 6, 4 → 4)."""
+    return max(n for n in range(1, min(8, n_layers) + 1) if n_layers % n == 0)
+
+
+def block_layout(n_layers: int, n_blocks: int | None = None, block_unit: str = "layer") -> tuple[Slot, ...]:
+    """Cut 2L sublayers into N blocks (Attention Residuals, arXiv:2603.15031, block rule).
+
+    Blocks are runs of whole layers (``block_unit="layer"``, the paper's rule: a boundary falls
+    before an attention sublayer) or of sublayers (``block_unit="sublayer"``). A count that does
+    not divide the units gives the remainder to the last block (paper rule).
+
+    Args:
+        n_layers: transformer layers L.
+        n_blocks: N; default :func:`default_n_blocks` (whole-layer blocks in either unit).
+        block_unit: ``"layer"`` or ``"sublayer"``.
+
+    Returns:
+        2L slots in sublayer order.
+
+    Raises:
+        ConfigError: unknown ``block_unit``, or ``n_blocks`` < 1 or more than the units.
+    """
+    if block_unit not in ("layer", "sublayer"):
+        raise ConfigError(f"--router-options block_unit must be 'layer' or 'sublayer', got {block_unit!r}")
+    units = n_layers if block_unit == "layer" else 2 * n_layers
+    per_unit = 2 if block_unit == "layer" else 1
+    if n_blocks is None:
+        n_blocks = default_n_blocks(n_layers)
+    if not isinstance(n_blocks, int) or not 1 <= n_blocks <= units:
+        raise ConfigError(f"--router-options n_blocks={n_blocks!r} must be in 1..{units} "
+                          f"({block_unit}s available with block_unit={block_unit!r})")
+    base = units // n_blocks
+    sizes = [base] * (n_blocks - 1) + [units - base * (n_blocks - 1)]
+    slots, k = [], 0
+    for b, size in enumerate(sizes, start=1):
+        m = size * per_unit
+        for p in range(m):
+            slots.append(Slot(index=k, kind="attn" if k % 2 == 0 else "mlp", block=b, pos=p, block_len=m))
+            k += 1
+    return tuple(slots)
+
+
+def single_block_slots(n_layers: int) -> tuple[Slot, ...]:
+    """Slots of a router without blocks: one block holding all 2L sublayers."""
+    return tuple(Slot(index=k, kind="attn" if k % 2 == 0 else "mlp", block=1, pos=k,
+                      block_len=2 * n_layers) for k in range(2 * n_layers))
+
+
+class Router(nn.Module, abc.ABC):
+    """Base class of every residual router.
+
+    Subclasses set ``self.slots`` in ``__init__`` and implement :meth:`init_state`, :meth:`read`,
+    :meth:`write` and :meth:`output`. Options are keyword-only arguments of ``__init__`` with
+    defaults (``routerbench list`` reads them from the signature).
+
+    Args:
+        d_model: residual width d.
+        n_layers: transformer layers L.
+    """
+
+    name: str = "?"
+    #: implementations this router offers (``impl=`` option); the first is the default.
+    impls: tuple[str, ...] = ("naive",)
+
+    def __init__(self, d_model: int, n_layers: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.n_layers = n_layers
+        self.slots: tuple[Slot, ...] = single_block_slots(n_layers)
+
+    @abc.abstractmethod
+    def init_state(self, embedding: Tensor) -> Any:
+        """State before sublayer 0, from the token embedding e of shape (B, T, d)."""
+
+    @abc.abstractmethod
+    def read(self, state: Any, slot: Slot) -> Tensor:
+        """h_k, the input of sublayer ``slot.index``, shape (B, T, d)."""
+
+    @abc.abstractmethod
+    def write(self, state: Any, slot: Slot, update: Tensor) -> Any:
+        """The state after sublayer ``slot.index`` returned ``update`` u_k of shape (B, T, d)."""
+
+    @abc.abstractmethod
+    def output(self, state: Any) -> Tensor:
+        """h_out, the input of the final RMSNorm, shape (B, T, d)."""
+
+    def options(self) -> dict[str, Any]:
+        """The resolved options of this instance (JSON-able), for the ``router_options`` column."""
+        return {}

@@ -1,0 +1,85 @@
+"""Fixed-weight residual routers: PreNorm, ReZero, LayerScale (ROUTERS.md, "Fixed-weight routers").
+
+State is the running residual stream h of shape (B, T, d).
+Analytic cost per token and sublayer: one add of d elements (prenorm, d FLOP), plus d multiplies
+(rezero, layerscale); live state: one (B, T, d) tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import Router, Slot
+from .registry import register
+
+
+@register("prenorm")
+class PreNorm(Router):
+    """Standard PreNorm residual: ``h_{k+1} = h_k + u_k``, ``h_0 = e``, ``h_out = h_2L``.
+
+    Args:
+        d_model: width d.
+        n_layers: transformer layers L.
+    """
+
+    def __init__(self, d_model: int, n_layers: int) -> None:
+        super().__init__(d_model, n_layers)
+
+    def init_state(self, embedding: Tensor) -> Tensor:
+        return embedding
+
+    def read(self, state: Tensor, slot: Slot) -> Tensor:
+        return state
+
+    def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
+        return state + update
+
+    def output(self, state: Tensor) -> Tensor:
+        return state
+
+
+@register("rezero")
+class ReZero(PreNorm):
+    """ReZero (Bachlechner et al. 2020, arXiv:2003.04887): ``h_{k+1} = h_k + α_k u_k``.
+
+    One scalar α_k per sublayer, initialised to 0 (the network starts as the identity).
+    """
+
+    def __init__(self, d_model: int, n_layers: int) -> None:
+        super().__init__(d_model, n_layers)
+        self.alpha = nn.Parameter(torch.zeros(2 * n_layers))
+
+    def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
+        return state + self.alpha[slot.index] * update
+
+
+def cait_init(n_layers: int) -> float:
+    """CaiT's LayerScale init (arXiv:2103.17239): 0.1 for L ≤ 18, 1e-5 for L ≤ 24, 1e-6 deeper."""
+    if n_layers <= 18:
+        return 0.1
+    if n_layers <= 24:
+        return 1e-5
+    return 1e-6
+
+
+@register("layerscale")
+class LayerScale(PreNorm):
+    """LayerScale (Touvron et al. 2021, CaiT, arXiv:2103.17239): ``h_{k+1} = h_k + γ_k ⊙ u_k``.
+
+    γ_k ∈ R^d per sublayer, initialised by :func:`cait_init` unless ``init`` is given.
+
+    Args:
+        init: initial value of every γ, or None for the CaiT depth rule.
+    """
+
+    def __init__(self, d_model: int, n_layers: int, *, init: float | None = None) -> None:
+        super().__init__(d_model, n_layers)
+        self.init = cait_init(n_layers) if init is None else float(init)
+        self.gamma = nn.Parameter(torch.full((2 * n_layers, d_model), self.init))
+
+    def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
+        return state + self.gamma[slot.index] * update
+
+    def options(self) -> dict:
+        return {"init": self.init}

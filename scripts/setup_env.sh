@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment (default .venv) and install routerbench.
+#
+# torch is installed first as `torch==2.13.0` (override with TORCH_SPEC): where a CPU wheel of that
+# release is offered to pip (e.g. a local wheel directory in pip's config) pip takes the CPU build,
+# and from the default package index on Linux it takes the CUDA build, so one command serves a
+# CPU laptop and a GPU box. The project itself is then installed editable with its test extra.
+# Re-running is cheap: nothing is reinstalled unless pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+stamp="$VENV/.routerbench-installed"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV with $($PYTHON --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+py="$VENV/bin/python"
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$(cat "$stamp")" = "$TORCH_SPEC" ]; then
+  exit 0
+fi
+quiet() { "$@" 2>&1 | grep -v -e "^WARNING: Location" -e "^\s*$" || true; }
+echo "setup: installing $TORCH_SPEC and routerbench into $VENV"
+"$py" -m pip install -q --upgrade pip
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}' else 1)" 2>/dev/null; then
+  quiet "$py" -m pip install -q "$TORCH_SPEC"
+fi
+quiet "$py" -m pip install -q -e ".[test]"
+"$py" -c "import torch, fvcore, pandas, seaborn; print('setup: torch', torch.__version__, '| CUDA', torch.cuda.is_available())"
+echo "$TORCH_SPEC" > "$stamp"

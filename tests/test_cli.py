@@ -1,0 +1,100 @@
+"""The ``routerbench`` command: errors before any model, an end-to-end mini run with resume, and
+``data prepare`` + ``train`` on a slice of real text."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import workloads.decoder
+from harness.cli import main
+from harness.records import load_rows
+from routers import ROUTERS
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Fail loudly if anything builds a decoder (errors must come first)."""
+    def forbidden(*a, **k):
+        raise AssertionError("a model was built before the bad option was reported")
+    monkeypatch.setattr(workloads.decoder.Decoder, "__init__", forbidden)
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--routers", "prenorm,nope"], "--routers: unknown router 'nope'"),
+    (["run", "--widths", "90", "--depths", "2"], "--widths 90 / --depths 2 with 4 heads"),
+    (["run", "--n-heads", "3"], "not divisible by --n-heads 3"),
+    (["run", "--router-options", "{bad json"], "--router-options must be JSON"),
+    (["run", "--router-options", '{"haares": {"n_blocks": 99}}'], "n_blocks=99"),
+    (["run", "--backends", "tpu"], "--backends: unknown backend 'tpu'"),
+    (["run", "--data", "/no/such/dir"], "--data DIR: no such directory"),
+    (["train", "--target-loss", "2", "--data", "/no/such/dir"], "--data DIR: no such directory"),
+    (["train", "--target-loss", "-1"], "--target-loss must be a positive"),
+    (["train", "--target-loss", "2", "--routers", "nope"], "--routers: unknown router"),
+    (["data", "prepare", "--text", "/no/such.txt", "--out", "x"], "--text FILE: no such file"),
+])
+def test_bad_input_is_one_line_naming_the_option(tmp_path, no_models, args, needle):
+    res = CliRunner().invoke(main, args + (["--out", str(tmp_path)] if args[0] != "data" else []))
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("routerbench: error:") and needle in lines[0], res.output
+
+
+def test_list_shows_every_router():
+    out = invoke("list").output
+    for name in ROUTERS:
+        assert f"  {name} " in out
+    assert "partial_details='always'" in out and "haares-201m" in out
+
+
+def test_run_end_to_end_and_resume(tmp_path):
+    args = ["run", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2",
+            "--repeats", "2", "--warmup-s", "0", "--no-train", "--out", tmp_path, "--run-id", "r1", "--quiet"]
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    run_dir = next(tmp_path.glob("*/r1"))
+    for name in ("records.jsonl", "manifest.json", "report.html", "report.md", "done.jsonl"):
+        assert (run_dir / name).exists(), name
+    df = pd.DataFrame(load_rows([run_dir]))
+    st = df[df.metric == "step_time"]
+    assert len(st) == 2 * 2 * 2 * 2  # routers x widths x modes x repeats
+    assert set(df[df.metric == "fwd_flops_fvcore"].d_model) == {16, 32}
+    res = invoke(*args)
+    assert "resuming" in res.output and "'resumed': 8" in res.output
+    assert len(pd.DataFrame(load_rows([run_dir])).query("metric == 'step_time'")) == len(st)
+
+
+@pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"real text absent: {SHAKESPEARE}")
+def test_prepare_real_text_then_train_to_target(tmp_path):
+    text = tmp_path / "slice.txt"
+    text.write_text(SHAKESPEARE.read_text()[:60_000])
+    data = tmp_path / "corpus"
+    res = invoke("data", "prepare", "--text", text, "--out", data)
+    assert res.exit_code == 0 and "vocab" in res.output, res.output
+    res = invoke("train", "--data", data, "--preset", "cpu-quick", "--routers", "prenorm",
+                 "--target-loss", "3.2", "--max-steps", "40", "--eval-every", "10", "--out",
+                 tmp_path / "res", "--no-report", "--quiet")
+    assert res.exit_code == 0, res.output
+    df = pd.DataFrame(load_rows(list((tmp_path / "res").glob("*/*"))))
+    vocab = len(set(text.read_text()))
+    v0 = df[(df.metric == "val_loss") & (df.repeat == 0)].value.iloc[0]
+    # At init the logits are near zero, so the loss is that of a uniform guess: ln(vocab).
+    assert abs(v0 - math.log(vocab)) < 0.05
+    ttt = df[df.metric == "time_to_target"].iloc[0]
+    assert ttt.status == "ok" and ttt.value > 0
+    steps = df[df.metric == "steps_to_target"].value.iloc[0]
+    assert steps % 10 == 0 and 10 <= steps <= 40
+    hit = df[(df.metric == "val_loss") & (df.repeat == steps)].value.iloc[0]
+    assert hit <= 3.2
+    assert df[df.metric == "loss_at_token_budget"].value.iloc[0] == \
+        df[(df.metric == "val_loss") & (df.repeat == 40)].value.iloc[0]

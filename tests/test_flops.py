@@ -1,0 +1,210 @@
+"""Tests for harness/flops.py. Golden numbers are derived by hand from docs/FLOPS.md, in FLOP
+(= 2·FMA), written out as arithmetic: a change of convention or of the models moves them."""
+import itertools
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness.flops import HANDLES, UnsupportedOpError, count_fwd_flops, count_router_fma
+from routers import ROUTERS, build_router, router_options
+from workloads.config import DecoderConfig
+from workloads.decoder import Decoder
+
+# the tiny decoder: vocab 16, d 8, L 1, 2 heads (hs 4), T 4, B 1 → M = 4 tokens
+V, D, H, HS, T, B = 16, 8, 2, 4, 4, 1
+M = B * T
+SCORES = B * H * T * T                        # dense causal score matrix: 32
+
+
+def tiny(router="prenorm", **kw):
+    cfg = DecoderConfig(vocab_size=V, d_model=D, n_layers=1, n_heads=H, seq_len=T, batch_size=B, **kw)
+    torch.manual_seed(0)
+    return Decoder(cfg, router), torch.randint(0, V, (B, T))
+
+
+def test_tiny_prenorm_swiglu_golden():
+    flop = (0                                 # embedding lookup
+            + M * (4 * D + 2)                 # attention RMSNorm with gain: 4 tokens × 34
+            + 2 * M * 3 * D * D               # qkv linear
+            + 2 * 6 * (B * H * T * HS // 2)   # rotary on q and k: 6 ops on half the channels
+            + 2 * SCORES * HS                 # SDPA QKᵀ
+            + 2 * SCORES * HS                 # SDPA AV
+            + SCORES * (1 + 5)                # SDPA scale + softmax, not halved for causal
+            + 2 * M * D * D                   # proj
+            + M * D                           # residual add (router)
+            + M * (4 * D + 2)                 # MLP RMSNorm
+            + 2 * M * D * 4 * D               # gate
+            + 2 * M * D * 4 * D               # up
+            + 4 * M * 4 * D                   # silu
+            + M * 4 * D                       # silu(gate) ⊙ up
+            + 2 * M * 4 * D * D               # down
+            + M * D                           # residual add (router)
+            + M * (4 * D + 2)                 # final RMSNorm
+            + 2 * M * D * V)                  # LM head
+    assert flop == 11224
+    model, idx = tiny()
+    c = count_fwd_flops(model, (idx,))
+    assert c.flops == flop and c.total_fma == flop / 2
+    assert c.unsupported == {}
+    assert c.router_fma * 2 == 2 * M * D
+    assert c.by_operator["linear"] * 2 == 2 * M * D * (3 * D + D + 12 * D + V)
+    assert c.by_module["sublayers.0.qkv"] * 2 == 2 * M * 3 * D * D
+    assert c.by_module["norm"] * 2 == M * (4 * D + 2)
+
+
+def test_tiny_gelu_and_router_only_golden():
+    mlp_gelu = (M * (4 * D + 2)               # MLP RMSNorm
+                + 2 * M * D * 4 * D           # fc
+                + 5 * M * 4 * D               # gelu, erf form
+                + 2 * M * 4 * D * D)          # down
+    mlp_swiglu = M * (4 * D + 2) + 2 * 2 * M * D * 4 * D + 4 * M * 4 * D + M * 4 * D + 2 * M * 4 * D * D
+    model, idx = tiny(mlp="gelu")
+    assert count_fwd_flops(model, (idx,)).flops == 11224 - mlp_swiglu + mlp_gelu == 9176
+    router_only = (2 * M * (3 * D + 2)        # two NormOnly sublayers: F.rms_norm, no gain
+                   + 2 * M * D                # two residual adds
+                   + M * (4 * D + 2)          # final RMSNorm
+                   + 2 * M * D * V)           # LM head
+    model, idx = tiny(workload="router_only")
+    assert count_fwd_flops(model, (idx,)).flops == router_only == 1432
+
+
+# --- router mixing at L=2 (two blocks of one layer = 2 sublayers), d=8, T=2, B=1 ---------------
+RM = 1 * 2                                    # tokens
+
+
+def read(n, bias=False, gain=False):
+    """FLOP of one depth-mix read over n sources (docs/FLOPS.md): keys 3d+2, logits 2d, softmax 5,
+    weighted sum 2d per source and token; + d with a key gain; + 1 with a bias; n = 1 is free."""
+    if n == 1:
+        return 0
+    return n * RM * (3 * D + 2 + 2 * D + 5 + 2 * D + (D if gain else 0) + (1 if bias else 0))
+
+
+ADD = RM * D                                  # one (B, T, d) add / sub
+MATCH = RM * (2 * (2 * D + 1) + 1 + 1 + 1 + D)  # rms_match: two rms, +ε, ÷, clamp, scale = 90
+
+GOLDEN = {
+    "prenorm": 4 * ADD,
+    "rezero": 4 * 2 * ADD,
+    "layerscale": 4 * 2 * ADD,
+    # reads k0 [e], k1 [e,P], k2 [e,C1], k3 [e,C1,P], out [e,C1,C2]; writes P+=u at k1, k3
+    "block_attnres": read(1) + read(2) + read(2) + read(3) + read(3) + 2 * ADD,
+    # reads over [e], [e,u0], [e,u0,u1], …; one sublayer per block, so no add
+    "full_attnres": read(1) + read(2) + read(3) + read(4) + read(5),
+    # k1 read [e,P,P̃] (+match), k2 [e,C1,D̃1], k3 [e,C1,D̃1,P,P̃] (+match), out [e,C1,C2];
+    # writes at k1: P+u, D−u, match; at k3: P+u only — its D−u and match are dead (no one
+    # reads the last block's detail with the conservative readout) and the trace drops them.
+    "haares": (read(3, bias=True) + MATCH + read(3, bias=True) + read(5, bias=True) + MATCH
+               + read(3) + (ADD + ADD + MATCH) + ADD),
+    # as haares with two detail kinds (phase, split)
+    "wav_v1": (read(4, bias=True) + 2 * MATCH + read(4, bias=True) + read(7, bias=True) + 2 * MATCH
+               + read(3) + (ADD + 2 * ADD + 2 * MATCH) + ADD),
+}
+
+
+def small(name, **options):
+    cfg = DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, seq_len=2, batch_size=1)
+    return Decoder(cfg, name, options), torch.randint(0, V, (1, 2))
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_router_mixing_golden(name):
+    model, idx = small(name)
+    assert 2 * count_fwd_flops(model, (idx,)).router_fma == GOLDEN[name]
+
+
+def test_router_golden_values():
+    assert (GOLDEN["block_attnres"], GOLDEN["haares"], GOLDEN["wav_v1"]) == (1292, 2104, 2902)
+    gained = read(2, gain=True) * 2 + read(3, gain=True) * 2 + 2 * ADD
+    model, idx = small("block_attnres", key_norm_gain=True)
+    assert 2 * count_fwd_flops(model, (idx,)).router_fma == gained == 1292 + 10 * RM * D
+
+
+def test_every_registered_router_has_golden():
+    assert set(ROUTERS) <= set(GOLDEN), "add a hand-derived golden for the new router"
+
+
+CASES = [(n, wl, mlp, kg) for n in sorted(ROUTERS)
+         for wl, mlp, kg in itertools.product(("decoder", "router_only"), ("swiglu", "gelu"), (False, True))
+         if not kg or "key_norm_gain" in router_options(n)]
+
+
+@pytest.mark.parametrize("name,workload,mlp,gain", CASES)
+def test_no_unsupported_op(name, workload, mlp, gain):
+    cfg = DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, seq_len=3, batch_size=1,
+                        mlp=mlp, workload=workload)
+    model = Decoder(cfg, name, {"key_norm_gain": True} if gain else {})
+    c = count_fwd_flops(model, (torch.randint(0, V, (1, 3)),), strict=False)
+    assert c.unsupported == {}
+    assert c.total_fma > 0
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+@pytest.mark.parametrize("n_layers,seq_len", [(2, 2), (4, 3)])
+def test_probe_count_equals_decoder_router_fma(name, n_layers, seq_len):
+    cfg = DecoderConfig(vocab_size=V, d_model=D, n_layers=n_layers, n_heads=H, seq_len=seq_len,
+                        batch_size=2)
+    model = Decoder(cfg, name)
+    c = count_fwd_flops(model, (torch.randint(0, V, (2, seq_len)),))
+    assert count_router_fma(model.router, 2, seq_len) == c.router_fma > 0
+
+
+def test_flop_counter_mode_cross_check():
+    model, idx = tiny()
+    c = count_fwd_flops(model, (idx,))
+    sdpa_contraction_fma = 2 * B * H * T * T * HS          # QKᵀ + AV, dense: 256
+    assert c.by_operator["scaled_dot_product_attention"] == sdpa_contraction_fma + 3 * SCORES
+    with torch.no_grad(), FlopCounterMode(display=False) as fcm:
+        model(idx)
+    # torch 2.13 CPU: SDPA runs _scaled_dot_product_flash_attention_for_cpu, which has no formula
+    assert fcm.get_total_flops() == 2 * c.by_operator["linear"] == 9216
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fcm:
+        model(idx)
+    # the math path is two dense bmm (causal not halved)
+    assert fcm.get_total_flops() == 2 * (c.by_operator["linear"] + sdpa_contraction_fma) == 9728
+
+
+class _Odd(nn.Module):
+    def forward(self, x, y):
+        return torch.clamp(x + y, max=1.0)
+
+
+def test_float_counts_and_clamp_counted():
+    c = count_fwd_flops(_Odd(), (torch.ones(3), torch.ones(3)))
+    assert c.total_fma == 0.5 * 3 + 0.5 * 3 == 3.0          # add 3 FLOP, clamp 3 FLOP
+    c = count_fwd_flops(nn.Sequential(_Lin(), _Lin()), (torch.ones(3),))
+    assert c.by_module == {"": 3.0, "0": 1.5, "1": 1.5}
+    assert c.router_fma == 0.0
+
+
+class _Lin(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+class _Unsupported(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, 0)
+
+
+def test_unsupported_op_raises_or_reports():
+    assert "aten::cumsum" not in HANDLES
+    with pytest.raises(UnsupportedOpError, match="aten::cumsum"):
+        count_fwd_flops(_Unsupported(), (torch.ones(4),))
+    c = count_fwd_flops(_Unsupported(), (torch.ones(4),), strict=False)
+    assert c.unsupported == {"aten::cumsum": 1}
+
+
+def test_training_flag_restored_and_router_untouched():
+    model, idx = tiny("haares")
+    model.train()
+    count_fwd_flops(model, (idx,))
+    assert model.training
+    router = build_router("haares", D, 2)
+    before = {k: v.clone() for k, v in router.state_dict().items()}
+    count_router_fma(router, 1, 2, dtype=torch.float64)
+    assert all(torch.equal(before[k], v) and v.dtype == torch.float32
+               for k, v in router.state_dict().items())

@@ -1,0 +1,123 @@
+"""Records, resume, memory and timing helpers of the harness."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from harness.cases import Case, expand
+from harness.memory import saved_activation_bytes
+from harness.records import COLUMNS, RecordWriter, load_rows, read_jsonl
+from harness.sweep import SweepOptions, run_sweep
+from harness.timing import TimingPolicy, median_iqr
+from workloads.config import ConfigError, DecoderConfig
+from workloads.decoder import Decoder
+
+TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
+FAST = SweepOptions(timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=3))
+
+
+def test_records_round_trip_into_pandas(tmp_path):
+    w = RecordWriter(tmp_path, "run1", "s1", base={"device": "cpu"})
+    w.write(router="haares", router_options={"n_blocks": 2}, metric="step_time", value=1.5,
+            unit="ms", repeat=0, d_model=16)
+    w.write(router="haares", metric="time_to_target", unit="s", status="not_converged", error="budget")
+    with open(tmp_path / "records.jsonl", "a") as fh:
+        fh.write('{"run_id": "run1", "metr')  # a row torn by an interruption
+    df = pd.DataFrame(load_rows([tmp_path]))
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) == 2
+    assert df.loc[0, "value"] == 1.5 and df.loc[0, "unit"] == "ms" and df.loc[0, "device"] == "cpu"
+    assert json.loads(df.loc[0, "router_options"]) == {"n_blocks": 2}
+    assert df.loc[1, "status"] == "not_converged" and pd.isna(df.loc[1, "value"])
+    with pytest.raises(ValueError, match="unknown record column"):
+        w.write(bogus=1)
+    with pytest.raises(ValueError, match="status"):
+        w.write(status="fine")
+
+
+def test_sweep_resumes_without_redoing_or_losing_cases(tmp_path):
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd_bwd"])
+    w1 = RecordWriter(tmp_path, "run", "s1")
+    # An earlier session that was interrupted inside haares's case: rows written, case not done.
+    w1.write(**cases[1].columns(), metric="step_time", value=99.0, unit="ms", repeat=0)
+    stats = run_sweep(cases[:1], torch.device("cpu"), w1, FAST, progress=False)
+    assert stats == {"resumed": 0, "ok": 1}
+    w2 = RecordWriter(tmp_path, "run", "s2")
+    stats = run_sweep(cases, torch.device("cpu"), w2, FAST, progress=False)
+    assert stats == {"resumed": 1, "ok": 1}
+    all_rows = read_jsonl(tmp_path / "records.jsonl")
+    assert any(r["value"] == 99.0 for r in all_rows)  # nothing measured is lost...
+    kept = pd.DataFrame(load_rows([tmp_path]))
+    st = kept[kept.metric == "step_time"]
+    assert 99.0 not in st.value.tolist()  # ...but the finished attempt is the one reported
+    assert st.groupby("router").size().to_dict() == {"haares": 3, "prenorm": 3}
+    assert set(kept.metric) >= {"fwd_flops_fvcore", "router_flops_fvcore", "saved_activation",
+                                "params_matrix", "params_router", "step_time"}
+    assert kept[kept.metric == "params_matrix"].value.iloc[0] == 16 * 16 * 16 * 2
+
+
+def test_failing_case_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    import harness.sweep as sweep
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
+    real = sweep.build_model
+
+    def broken(case, device):
+        if case.router == "prenorm":
+            raise RuntimeError("synthetic failure")
+        return real(case, device)
+
+    monkeypatch.setattr(sweep, "build_model", broken)
+    w = RecordWriter(tmp_path, "run", "s")
+    assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1, "ok": 1}
+    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    err = rows[rows.status == "error"]
+    assert err.router.tolist() == ["prenorm"] and "synthetic failure" in err.error.iloc[0]
+
+
+def test_saved_activation_bytes_by_hand():
+    x = torch.randn(4, 8, requires_grad=True)  # 32 float32 = 128 bytes
+    lin = nn.Linear(8, 16, bias=False)
+    # exp saves its result (128 B); linear saves its input, the same tensor (counted once) and
+    # its weight (a parameter: excluded); sum saves nothing.
+    n = saved_activation_bytes(lambda: lin(x.exp()).sum(), exclude=list(lin.parameters()))
+    assert n == 128
+    # without the exclusion the weight's 8*16*4 = 512 bytes count too
+    assert saved_activation_bytes(lambda: lin(x.exp()).sum()) == 128 + 512
+
+
+def test_gradient_checkpointing_saves_less():
+    x = torch.randint(0, 32, (2, 8))
+    sizes = {}
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        m = Decoder(TINY.replace(grad_checkpoint=ckpt), "haares").train()
+        params = [*m.parameters(), *m.buffers()]
+        sizes[ckpt] = saved_activation_bytes(lambda: m(x), exclude=params)
+    assert sizes[True] < 0.5 * sizes[False]
+
+
+def test_median_iqr():
+    assert median_iqr([5.0, 1.0, 3.0, 2.0, 4.0]) == (3.0, 2.0)
+    assert median_iqr([7.0]) == (7.0, 0.0)
+    with pytest.raises(ValueError):
+        median_iqr([])
+
+
+def test_case_key_is_stable_and_distinguishes_options():
+    a = Case("haares", TINY, "fwd", router_options=(("n_blocks", 1),))
+    b = Case("haares", TINY, "fwd", router_options=(("n_blocks", 2),))
+    assert a.key != b.key and a.key == Case("haares", TINY, "fwd", router_options=(("n_blocks", 1),)).key
+
+
+def test_expand_validates_before_building():
+    with pytest.raises(ConfigError, match="--widths 30 / --depths 2"):
+        expand(["prenorm"], TINY, [30], [2], ["fwd"])  # 30 / 2 heads = 15: odd head size
+    with pytest.raises(ConfigError, match="--modes"):
+        expand(["prenorm"], TINY, [16], [2], ["decode_all"])
+    with pytest.raises(ConfigError, match="n_blocks"):
+        expand(["haares"], TINY, [16], [2], ["fwd"], options={"haares": {"n_blocks": 9}})

@@ -1,0 +1,308 @@
+"""Char-level corpora, the embedded stdlib corpus, and token batches.
+
+A corpus is a directory with ``train.bin`` and ``val.bin`` (raw token ids, uint8 when the vocabulary
+has <= 256 symbols, else uint16) and ``vocab.json``. The last ``val_fraction`` of the text is the
+validation split: contiguous, never shuffled, so it is text the model has not seen nearby.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+import platform
+import re
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PREPARE_HINT = "run `routerbench data prepare --text FILE --out DIR` to make one"
+FILES = ("train.bin", "val.bin", "vocab.json")
+# The stdlib corpus keeps printable ASCII + newline so its vocabulary stays under 100 symbols.
+NOT_KEPT = re.compile(r"[^\x20-\x7e\n]")
+REPLACEMENT = "?"
+# encodings/ is excluded too: its codec tables are repetitive and would fill the validation tail.
+STDLIB_EXCLUDE = frozenset({"site-packages", "test", "tests", "idlelib", "__pycache__", "encodings"})
+STDLIB_SEPARATOR = "\n\n"
+
+
+class CharCorpus:
+    """A prepared char-level corpus, memory-mapped read-only.
+
+    Attributes: ``path`` (Path), ``chars`` (tuple of str, sorted by code point; id i is chars[i]),
+    ``vocab_size`` (int), ``dtype`` (np.uint8 or np.uint16), ``sha256`` (hex digest of the source
+    text bytes), ``source`` (str), ``val_fraction`` (float), ``train`` / ``val`` (1-D np.memmap of
+    token ids, dtype ``dtype``).
+    """
+
+    def __init__(self, path: Path, meta: dict):
+        self.path = Path(path)
+        self.chars: tuple[str, ...] = tuple(meta["chars"])
+        self.vocab_size = len(self.chars)
+        self.dtype = np.dtype(meta["dtype"])
+        self.sha256: str = meta["sha256"]
+        self.source: str = meta["source"]
+        self.val_fraction = float(meta["val_fraction"])
+        self._codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+        self.train = _memmap(self.path / "train.bin", self.dtype, int(meta["n_train"]))
+        self.val = _memmap(self.path / "val.bin", self.dtype, int(meta["n_val"]))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CharCorpus":
+        """Open the corpus in directory ``path``.
+
+        Raises FileNotFoundError (naming ``--data DIR`` and the prepare command) when the directory or
+        one of its files is missing, ValueError when vocab.json is unreadable or a .bin file's size
+        disagrees with it.
+        """
+        path = Path(path)
+        missing = [f for f in FILES if not (path / f).is_file()]
+        if missing:
+            what = "no such directory" if not path.is_dir() else f"missing {', '.join(missing)} in"
+            raise FileNotFoundError(f"--data DIR: {what} '{path}'; {PREPARE_HINT}")
+        try:
+            meta = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+            return cls(path, meta)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--data DIR: corrupt corpus in '{path}' ({e}); {PREPARE_HINT}") from e
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text``: 1-D array of ``self.dtype``, length len(text).
+
+        Raises ValueError naming the first character not in the vocabulary.
+        """
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self._codes, codes)
+        bad = (ids >= self.vocab_size) | (self._codes[np.minimum(ids, self.vocab_size - 1)] != codes)
+        if bad.any():
+            c = chr(codes[np.argmax(bad)])
+            raise ValueError(f"character {c!r} is not in the corpus vocabulary ({self.path})")
+        return ids.astype(self.dtype)
+
+    def decode(self, ids) -> str:
+        """Text of token ids ``ids`` (1-D sequence, np.ndarray or torch.Tensor of ints).
+
+        Raises ValueError for an id outside [0, vocab_size).
+        """
+        ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64).ravel()
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
+        return self._codes[ids].tobytes().decode("utf-32-le")
+
+    def __repr__(self) -> str:
+        return (f"CharCorpus('{self.path}', vocab_size={self.vocab_size}, train={len(self.train)}, "
+                f"val={len(self.val)}, sha256={self.sha256[:12]})")
+
+
+def _memmap(path: Path, dtype: np.dtype, n: int) -> np.memmap:
+    size = path.stat().st_size
+    if size != n * dtype.itemsize:
+        raise ValueError(f"{path.name} has {size} bytes, vocab.json says {n} tokens of {dtype}")
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+
+
+def _check_val_fraction(val_fraction: float) -> float:
+    if isinstance(val_fraction, bool) or not (isinstance(val_fraction, numbers.Real)
+                                              and 0 < val_fraction <= 0.5):
+        raise ValueError(f"--val-fraction must be in (0, 0.5], got {val_fraction!r}")
+    return float(val_fraction)
+
+
+def prepare_corpus(text: str | Path, out_dir: str | Path, val_fraction: float = 0.1,
+                   source: str | None = None) -> CharCorpus:
+    """Make a corpus in ``out_dir`` from the utf-8 text file at path ``text``.
+
+    The sha256 recorded is that of the file's bytes; ``source`` defaults to the file name.
+    Raises FileNotFoundError ("--text FILE: no such file ...") for a missing file, ValueError naming
+    ``--text FILE`` for an empty or non-utf-8 file or one too short to give one validation token,
+    ValueError naming ``--val-fraction`` outside (0, 0.5], ValueError naming ``--out DIR`` when
+    ``out_dir`` is an existing file.
+    """
+    path = Path(text)
+    val_fraction = _check_val_fraction(val_fraction)
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "no such file"
+        raise FileNotFoundError(f"--text FILE: {what} '{path}'")
+    raw = path.read_bytes()
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text FILE: '{path}' is not utf-8 text ({e})") from e
+    return _write_corpus(decoded, hashlib.sha256(raw).hexdigest(), out_dir, val_fraction,
+                         source or f"text file {path.name}", label=f"--text FILE: '{path}'")
+
+
+def prepare_corpus_from_text(text: str, out_dir: str | Path, val_fraction: float = 0.1,
+                             source: str | None = None) -> CharCorpus:
+    """Make a corpus in ``out_dir`` from the string ``text``; sha256 is of ``text.encode('utf-8')``.
+
+    Same errors as :func:`prepare_corpus` (the text is labelled ``--text FILE: text``).
+    """
+    val_fraction = _check_val_fraction(val_fraction)
+    return _write_corpus(text, hashlib.sha256(text.encode("utf-8")).hexdigest(), out_dir,
+                         val_fraction, source or "text string", label="--text FILE: text")
+
+
+def _write_corpus(text: str, sha256: str, out_dir: str | Path, val_fraction: float, source: str,
+                  label: str) -> CharCorpus:
+    if not text:
+        raise ValueError(f"{label} is empty")
+    n = len(text)
+    # round() first so that e.g. 0.3 * 10 is 3, not 2.9999999999999996 floored to 2
+    n_val = math.floor(round(n * val_fraction, 6))
+    if n_val < 1:
+        raise ValueError(f"{label} has {n} characters, too short to give one validation token with "
+                         f"--val-fraction {val_fraction}; need at least {math.ceil(1 / val_fraction)}")
+    chars = sorted(set(text))
+    if len(chars) > 65536:
+        raise ValueError(f"{label} has {len(chars)} distinct characters; uint16 ids allow 65536")
+    dtype = np.dtype(np.uint8 if len(chars) <= 256 else np.uint16)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out DIR: '{out}' exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vocab.json").unlink(missing_ok=True)  # written last: its presence marks a whole corpus
+    codes = np.array([ord(c) for c in chars], dtype=np.uint32)
+    ids = np.searchsorted(codes, np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32))
+    ids = ids.astype(dtype)
+    ids[: n - n_val].tofile(out / "train.bin")
+    ids[n - n_val:].tofile(out / "val.bin")
+    meta = {"chars": chars, "dtype": dtype.name, "n_train": n - n_val, "n_val": n_val,
+            "sha256": sha256, "source": source, "val_fraction": val_fraction}
+    (out / "vocab.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    return CharCorpus.load(out)
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's ``.py`` files in sorted relative-path order.
+
+    Excludes ``site-packages``, ``test``/``tests`` directories, ``idlelib`` and ``encodings``. Raises
+    FileNotFoundError (suggesting ``--data DIR``) when the stdlib source directory is absent.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise FileNotFoundError(f"no Python standard library source at '{root}' to build the default "
+                                f"corpus; pass --data DIR ({PREPARE_HINT})")
+    found = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in STDLIB_EXCLUDE]
+        found += [Path(d, f).relative_to(root) for f in files if f.endswith(".py")]
+    return [root / p for p in sorted(found, key=lambda p: p.as_posix())]
+
+
+def stdlib_text(max_bytes: int = 4_000_000) -> str:
+    """The default corpus text: stdlib sources joined by a blank line, cut at ``max_bytes`` chars.
+
+    Decoded as utf-8 with errors replaced; every character outside printable ASCII + newline becomes
+    ``"?"``, so characters equal bytes. Deterministic for a given standard library.
+    Raises ValueError when ``max_bytes`` is not a positive int.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+    parts, total = [], 0
+    for f in stdlib_files():
+        text = NOT_KEPT.sub(REPLACEMENT, f.read_bytes().decode("utf-8", errors="replace"))
+        parts.append(text + STDLIB_SEPARATOR)
+        total += len(parts[-1])
+        if total >= max_bytes:
+            break
+    return "".join(parts)[:max_bytes]
+
+
+def default_corpus(cache_dir: str | Path, max_bytes: int = 4_000_000) -> CharCorpus:
+    """The embedded corpus: real text from the stdlib's sources, built here, needing no download.
+
+    Cached in ``cache_dir/stdlib-<python version>-<sha256[:12] of the text>/`` (built if absent or
+    unreadable, reused otherwise). ``source`` is "python stdlib X.Y.Z source"; ``sha256`` is that of
+    the text, recorded since the stdlib differs between Python versions. Same errors as
+    :func:`stdlib_text`.
+    """
+    text = stdlib_text(max_bytes)
+    sha = hashlib.sha256(text.encode("ascii")).hexdigest()
+    version = platform.python_version()
+    final = Path(cache_dir) / f"stdlib-{version}-{sha[:12]}"
+    if final.is_dir():
+        try:
+            corpus = CharCorpus.load(final)
+            if corpus.sha256 == sha:
+                return corpus
+        except (FileNotFoundError, ValueError):
+            pass
+        shutil.rmtree(final, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the final name, then rename: a reader never sees a half-written cache.
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        prepare_corpus_from_text(text, tmp, source=f"python stdlib {version} source")
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / "vocab.json").is_file():  # not a concurrent builder's win: a real error
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return CharCorpus.load(final)
+
+
+def _check_split(data: np.ndarray, batch_size: int, seq_len: int) -> int:
+    if seq_len < 1:
+        raise ValueError(f"--seq-len must be >= 1, got {seq_len}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if len(data) < seq_len + 1:
+        raise ValueError(f"--seq-len {seq_len} needs at least {seq_len + 1} tokens in the split, which "
+                         f"has {len(data)}; use a smaller --seq-len or a larger corpus")
+    return len(data)
+
+
+def _windows(data: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    chunk = torch.from_numpy(np.asarray(data[offsets[:, None] + np.arange(seq_len + 1)], np.int64))
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+def random_batches(data: np.ndarray, batch_size: int, seq_len: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of random windows of ``data`` (1-D token ids), offsets drawn with ``generator``.
+
+    Returns (x, y), CPU int64 tensors of shape (batch_size, seq_len) with y[:, t] == x[:, t+1] for
+    t < seq_len-1 (y is x shifted by one token). A seeded CPU generator fixes the sequence of batches.
+    Raises ValueError naming ``--seq-len`` when ``data`` has fewer than seq_len+1 tokens.
+    """
+    n = _check_split(data, batch_size, seq_len)
+    offsets = torch.randint(0, n - seq_len, (batch_size,), generator=generator).numpy()
+    return _windows(data, offsets, seq_len)
+
+
+def fixed_val_batches(data: np.ndarray, batch_size: int, seq_len: int,
+                      n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n_batches`` evaluation batches at evenly spaced offsets over ``data``; identical every call.
+
+    Returns a list of (x, y) CPU int64 tensors of shape (batch_size, seq_len), y being x shifted by
+    one. Windows overlap when the split is short. Raises ValueError naming ``--seq-len`` when
+    ``data`` has fewer than seq_len+1 tokens, or naming ``n_batches`` when it is < 1.
+    """
+    n = _check_split(data, batch_size, seq_len)
+    if n_batches < 1:
+        raise ValueError(f"n_batches must be >= 1, got {n_batches}")
+    offsets = np.linspace(0, n - seq_len - 1, batch_size * n_batches).round().astype(np.int64)
+    return [_windows(data, o, seq_len) for o in offsets.reshape(n_batches, batch_size)]
+
+
+def synthetic_batch(vocab_size: int, batch_size: int, seq_len: int, seed: int = 0,
+                    device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform random tokens for pure cost runs, drawn on the CPU so a seed gives the same batch on
+    every device.
+
+    Returns (x, y), int64 tensors on ``device`` of shape (batch_size, seq_len), ids in
+    [0, vocab_size), y being x shifted by one. Raises ValueError for a non-positive size.
+    """
+    for name, v in (("vocab_size", vocab_size), ("--batch-size", batch_size), ("--seq-len", seq_len)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=g)
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)

@@ -1,0 +1,193 @@
+"""The decoder-only Transformer with a router slot between sublayers (DESIGN.md, "Workloads").
+
+Token embedding → 2L sublayers (causal attention with rotary positions at even k, SwiGLU MLP at
+odd k), each with its own input RMSNorm; the router (``routers``) owns everything between them;
+final RMSNorm → LM head. Non-embedding matrix parameters: 4d² (attention) + 12d² (SwiGLU, hidden
+4d) = 16·d² per layer, the shape of the HAARES paper's 201M / 453M models.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from routers import Router, build_router
+
+from .config import DecoderConfig
+
+NORM_EPS = 1e-6
+
+
+def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos and sin tables of rotary positions (Su et al., RoFormer), each (T, head_dim/2), float32."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs (i, i + hs/2) of x (B, nh, T, hs) by the position angles (T, hs/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal self-attention sublayer: u = W_o · SDPA(rope(q), rope(k), v) of RMSNorm(h)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.norm = nn.RMSNorm(d, eps=NORM_EPS)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim)
+        self.register_buffer("cos", cos.to(cfg.torch_dtype), persistent=False)
+        self.register_buffer("sin", sin.to(cfg.torch_dtype), persistent=False)
+
+    def forward(self, h: Tensor) -> Tensor:
+        B, T, d = h.shape
+        qkv = self.qkv(self.norm(h)).view(B, T, 3, self.n_heads, d // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                  # each (B, nh, T, hs)
+        cos, sin = self.cos[:T], self.sin[:T]
+        y = F.scaled_dot_product_attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v,
+                                           is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+class SwiGLU(nn.Module):
+    """MLP sublayer: u = W_down (silu(W_gate x) ⊙ W_up x), x = RMSNorm(h), hidden 4d (12d²)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.norm = nn.RMSNorm(d, eps=NORM_EPS)
+        self.gate = nn.Linear(d, 4 * d, bias=False)
+        self.up = nn.Linear(d, 4 * d, bias=False)
+        self.down = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, h: Tensor) -> Tensor:
+        x = self.norm(h)
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class GeluMLP(nn.Module):
+    """MLP sublayer: u = W_2 gelu(W_1 RMSNorm(h)), hidden 4d (8d²)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.norm = nn.RMSNorm(d, eps=NORM_EPS)
+        self.fc = nn.Linear(d, 4 * d, bias=False)
+        self.down = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.down(F.gelu(self.fc(self.norm(h))))
+
+
+class NormOnly(nn.Module):
+    """``router_only`` sublayer: u = RMSNorm(h) with no weights, to isolate the routing cost."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.d = cfg.d_model
+
+    def forward(self, h: Tensor) -> Tensor:
+        return F.rms_norm(h, (self.d,), eps=NORM_EPS)
+
+
+class Decoder(nn.Module):
+    """Decoder-only Transformer hosting a residual router.
+
+    Args:
+        cfg: the shape.
+        router: a router instance, or a registered router name (built with ``router_options``).
+        router_options: options of a router given by name.
+
+    Forward: token ids (B, T) int64 → logits (B, T, vocab_size) in ``cfg.dtype``.
+
+    Raises:
+        ConfigError: from the router (unknown name or option) before any weight is allocated.
+        ValueError: a router built for another width or depth.
+    """
+
+    def __init__(self, cfg: DecoderConfig, router: Router | str = "prenorm",
+                 router_options: dict | None = None) -> None:
+        super().__init__()
+        if isinstance(router, str):
+            router = build_router(router, cfg.d_model, cfg.n_layers, **(router_options or {}))
+        if (router.d_model, router.n_layers) != (cfg.d_model, cfg.n_layers):
+            raise ValueError("router was built for d_model/n_layers "
+                             f"{router.d_model}/{router.n_layers}, config has {cfg.d_model}/{cfg.n_layers}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.workload == "router_only":
+            kinds = (NormOnly, NormOnly)
+        else:
+            kinds = (Attention, SwiGLU if cfg.mlp == "swiglu" else GeluMLP)
+        self.sublayers = nn.ModuleList(kinds[k % 2](cfg) for k in range(2 * cfg.n_layers))
+        self.router = router
+        self.norm = nn.RMSNorm(cfg.d_model, eps=NORM_EPS)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self._init_weights()
+        self.to(cfg.torch_dtype)
+
+    def _init_weights(self) -> None:
+        # GPT-2 init; the output projections are scaled by 1/sqrt(2L) so the residual stream's
+        # variance at init does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.startswith("router.") or p.ndim < 2:
+                continue
+            std = 0.02
+            if name.endswith(("proj.weight", "down.weight")):
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+            nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        r = self.router
+        state = r.init_state(self.embed(idx))
+        for slot, f in zip(r.slots, self.sublayers):
+            h = r.read(state, slot)
+            u = checkpoint(f, h, use_reentrant=False) if self.cfg.grad_checkpoint and self.training else f(h)
+            state = r.write(state, slot, u)
+        return self.lm_head(self.norm(r.output(state)))
+
+
+def parameter_counts(model: Decoder) -> dict[str, int]:
+    """Parameters by group (each tensor counted once, tied weights too).
+
+    Returns:
+        ``matrix``: non-embedding matrix parameters of the sublayers (16·d²·L with SwiGLU),
+        ``embedding``, ``lm_head`` (0 when tied), ``norm`` (RMSNorm gains), ``router``, ``total``.
+    """
+    counts = dict.fromkeys(("matrix", "embedding", "lm_head", "norm", "router"), 0)
+    for name, p in model.named_parameters():  # named_parameters yields a tied tensor once
+        if name.startswith("router."):
+            group = "router"
+        elif name.startswith("embed."):
+            group = "embedding"
+        elif name.startswith("lm_head."):
+            group = "lm_head"
+        elif p.ndim == 1:
+            group = "norm"
+        else:
+            group = "matrix"
+        counts[group] += p.numel()
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: weight decay on weight matrices only, never on router parameters
+    (pseudo-queries, detail biases, α, γ), norm gains or biases (MEASUREMENT.md)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and not name.startswith("router.") else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
