@@ -13,7 +13,7 @@ import pkgutil
 from .base import Router, Slot, block_layout, default_n_blocks
 from .registry import ROUTERS, build_router, register, router_class, router_options
 
-_INFRA = {"base", "registry", "mixer"}
+_INFRA = {"base", "registry", "mixer", "two_phase"}
 for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _INFRA and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")

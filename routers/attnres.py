@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from workloads.config import ConfigError
 
 from .base import Router, Slot, block_layout
+from . import two_phase
 from .mixer import depth_mix, rms_match
 from .registry import register
 
@@ -56,13 +57,15 @@ class BlockAttnRes(Router):
         n_blocks: N; default the largest divisor of L that is at most 8.
         block_unit: ``"layer"`` (blocks of whole layers, paper rule) or ``"sublayer"``.
         key_norm_gain: add a learnable d-vector gain to each read's key RMSNorm.
-        impl: implementation; ``"naive"`` stacks the sources and mixes at every read.
+        impl: ``"naive"`` stacks the sources and mixes at every read (the reference);
+            ``"two_phase"`` batches a block's queries over the completed sources once per block
+            and merges the partial block per sublayer by online softmax (``routers/two_phase.py``).
 
     Raises:
         ConfigError: invalid ``n_blocks``, ``block_unit`` or ``impl``.
     """
 
-    impls = ("naive",)
+    impls = ("naive", "two_phase")
     #: detail bases this router adds per block, in pool order ("phase", "split"); none for AttnRes.
     detail_kinds: tuple[str, ...] = ()
 
@@ -70,7 +73,7 @@ class BlockAttnRes(Router):
                  block_unit: str = "layer", key_norm_gain: bool = False, impl: str = "naive") -> None:
         super().__init__(d_model, n_layers)
         if impl not in self.impls:
-            raise ConfigError(f"--impl {impl!r} is not an implementation of {self.name}; "
+            raise ConfigError(f"--impls: {impl!r} is not an implementation of {self.name}; "
                               f"choose one of {self.impls}")
         self.impl = impl
         self.block_unit = block_unit
@@ -101,10 +104,14 @@ class BlockAttnRes(Router):
         per_block = (None,) + (tuple(range(len(self.detail_kinds))) if with_details else ())
         return per_block * n_done
 
-    def init_state(self, embedding: Tensor) -> BlockState:
+    def init_state(self, embedding: Tensor) -> BlockState | two_phase.TwoPhaseState:
+        if self.impl == "two_phase":
+            return two_phase.init_state(self, embedding)
         return BlockState(embedding, (), None, ())
 
     def read(self, state: BlockState, slot: Slot) -> Tensor:
+        if self.impl == "two_phase":
+            return two_phase.read(self, state, slot)
         sources = (state.e,) + state.pool
         kinds = (None,) + self._completed_kinds(slot.block - 1)
         if slot.pos >= 1:
@@ -125,6 +132,8 @@ class BlockAttnRes(Router):
             partial = state.partial + update
             details = tuple(d + update if c > 0 else d - update
                             for d, c in zip(state.partial_details, coefs))
+        if self.impl == "two_phase":
+            return two_phase.write(self, state, slot, partial, details)
         if slot.last_in_block:  # P becomes C_b, entering the pool exactly once
             # The last block's details are read by nobody unless the readout reads details.
             final = slot.index == len(self.slots) - 1 and not self.readout_details
@@ -133,6 +142,8 @@ class BlockAttnRes(Router):
         return BlockState(state.e, state.pool, partial, details)
 
     def output(self, state: BlockState) -> Tensor:
+        if self.impl == "two_phase":
+            return two_phase.output(self, state)
         per_block = 1 + len(self.detail_kinds)
         if self.readout_details:
             sources = (state.e,) + state.pool
@@ -156,7 +167,7 @@ class FullAttnRes(BlockAttnRes):
 
     Args:
         key_norm_gain: add a learnable d-vector gain to each read's key RMSNorm.
-        impl: implementation (``"naive"``).
+        impl: ``"naive"`` or ``"two_phase"`` (see :class:`BlockAttnRes`).
     """
 
     def __init__(self, d_model: int, n_layers: int, *, key_norm_gain: bool = False,

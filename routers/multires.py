@@ -52,7 +52,7 @@ class MultiResolutionRouter(BlockAttnRes):
             ``"informative"`` (only when not ±P) or ``"never"``.
         readout_details: let the final readout see the completed blocks' details too.
         key_norm_gain: learnable gain in each read's key RMSNorm.
-        impl: implementation (``"naive"``).
+        impl: ``"naive"`` or ``"two_phase"`` (see :class:`BlockAttnRes`).
 
     Raises:
         ConfigError: an option out of range, or a block with an odd number of sublayers.

@@ -1,0 +1,181 @@
+"""Two-phase computation of the block routers (Attention Residuals, arXiv:2603.15031, the
+inference schedule of Block AttnRes; used here for training too).
+
+The pseudo-queries are parameters, not activations, so when a block starts all m queries of its
+sublayers are known and the completed sources cannot change until the block ends:
+
+- **Phase 1** (once per block, in the ``write`` that completes the previous block): one batched
+  pass of the block's m pseudo-queries over the completed sources (e, C_1, D̃_1…, …), returning per
+  query the normalised partial output ``o`` (m, B, T, d), the running max ``μ`` and the sum of
+  exponentials ``s`` (each (m, B, T), float32 whatever the tensor dtype). Each completed source's
+  RMS-normalised key is computed once, when it enters the pool, and cached.
+- **Phase 2** (per sublayer at position p ≥ 1): the partial-block sources (P and its visible
+  details) are merged into phase 1's result by online softmax:
+
+      M = max(μ_p, max_j ℓ_j),  a_0 = s_p·exp(μ_p − M),  a_j = exp(ℓ_j − M)
+      h = (a_0·o_p + Σ_j a_j S_j) / (a_0 + Σ_j a_j)
+
+  At p = 0 the read is ``o_0`` itself.
+
+A key-norm gain g folds into the query: w·RMSNorm_g(V) = (g ⊙ w)·RMSNorm(V), so cached keys need
+no gain. The maxima are detached: softmax is invariant to the shift, so its gradient is zero.
+The result equals the naive reference (``routers.mixer.depth_mix``) to float rounding, forward and
+backward (tests/test_two_phase.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .mixer import EPS, softmax_dtype
+
+if TYPE_CHECKING:
+    from .attnres import BlockAttnRes
+    from .base import Slot
+
+
+class TwoPhaseState(NamedTuple):
+    """Router state of the ``two_phase`` implementation.
+
+    Attributes:
+        values: completed sources in pool order, the embedding first: (e, C_1, D̃_1…, C_2, …).
+        keys: their RMS-normalised keys (no gain), same shapes (B, T, d).
+        partial: P of the current block, or None at a block start.
+        partial_details: running raw detail sums of the current block.
+        block_out: phase-1 outputs of the current block's queries, (m, B, T, d).
+        block_max: phase-1 running max per query, (m, B, T), float32 (or float64).
+        block_sum: phase-1 sum of exponentials per query, (m, B, T).
+    """
+
+    values: tuple[Tensor, ...]
+    keys: tuple[Tensor, ...]
+    partial: Tensor | None
+    partial_details: tuple[Tensor, ...]
+    block_out: Tensor | None
+    block_max: Tensor | None
+    block_sum: Tensor | None
+
+
+def rms_key(v: Tensor) -> Tensor:
+    """RMSNorm over d without gain: the key of a source, (B, T, d)."""
+    return F.rms_norm(v, (v.shape[-1],), eps=EPS)
+
+
+def queries(r: "BlockAttnRes", reads: list[int]) -> Tensor:
+    """Pseudo-queries of the given reads with any key gain folded in, (m, d)."""
+    q = r.pseudo_query[reads]
+    return q if r.key_gain is None else q * r.key_gain[reads]
+
+
+def bias_matrix(r: "BlockAttnRes", reads: list[int], kinds: tuple[int | None, ...]) -> Tensor | None:
+    """Logit bias (m, n) of each read over sources of the given kinds (None = state source)."""
+    if all(k is None for k in kinds) or not r.detail_kinds:
+        return None
+    rows = r.detail_bias[reads]                                   # (m, n_kinds)
+    table = torch.cat((rows.new_zeros(len(reads), 1), rows), dim=1)
+    return table[:, [0 if k is None else k + 1 for k in kinds]]
+
+
+def phase1(r: "BlockAttnRes", st_values: tuple[Tensor, ...], st_keys: tuple[Tensor, ...],
+           block_slots: list["Slot"], kinds: tuple[int | None, ...]) -> tuple[Tensor, Tensor, Tensor]:
+    """All m queries of a block against the n completed sources in one batched pass.
+
+    Returns:
+        o (m, B, T, d) normalised partial outputs, μ (m, B, T) maxima, s (m, B, T) sums of exps.
+    """
+    reads = [s.index for s in block_slots]
+    V = torch.stack(st_values)                                    # (n, B, T, d)
+    K = torch.stack(st_keys)
+    logits = torch.einsum("md,nbtd->mbtn", queries(r, reads), K)  # (m, B, T, n)
+    bias = bias_matrix(r, reads, kinds)
+    if bias is not None:
+        logits = logits + bias[:, None, None, :]
+    logits = logits.to(softmax_dtype(V.dtype))
+    mx = logits.amax(dim=-1).detach()
+    p = torch.exp(logits - mx.unsqueeze(-1))
+    s = p.sum(dim=-1)
+    o = torch.einsum("mbtn,nbtd->mbtd", (p / s.unsqueeze(-1)).to(V.dtype), V)
+    return o, mx, s
+
+
+def phase2(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", sources: tuple[Tensor, ...],
+           kinds: tuple[int | None, ...]) -> Tensor:
+    """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``."""
+    p = slot.pos
+    o, mx, s = st.block_out[p], st.block_max[p], st.block_sum[p]
+    S = torch.stack(sources)                                      # (J, B, T, d)
+    logits = torch.matmul(rms_key(S), queries(r, [slot.index])[0])  # (J, B, T)
+    bias = bias_matrix(r, [slot.index], kinds)
+    if bias is not None:
+        logits = logits + bias[0].view(-1, 1, 1)
+    logits = logits.to(mx.dtype)
+    m_new = torch.maximum(mx, logits.amax(dim=0)).detach()
+    a0 = s * torch.exp(mx - m_new)
+    aj = torch.exp(logits - m_new)
+    den = a0 + aj.sum(dim=0)
+    out = (a0 / den).to(o.dtype).unsqueeze(-1) * o
+    return out + torch.einsum("jbt,jbtd->btd", (aj / den).to(S.dtype), S)
+
+
+def completed_kinds(r: "BlockAttnRes", n_blocks_done: int) -> tuple[int | None, ...]:
+    """Kinds of ``values``: the embedding, then per block C and its details."""
+    return (None,) + ((None,) + tuple(range(len(r.detail_kinds)))) * n_blocks_done
+
+
+def block_slots(r: "BlockAttnRes", block: int) -> list["Slot"]:
+    return [s for s in r.slots if s.block == block]
+
+
+def init_state(r: "BlockAttnRes", e: Tensor) -> TwoPhaseState:
+    values, keys = (e,), (rms_key(e),)
+    o, mx, s = phase1(r, values, keys, block_slots(r, 1), completed_kinds(r, 0))
+    return TwoPhaseState(values, keys, None, (), o, mx, s)
+
+
+def read(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot") -> Tensor:
+    if slot.pos == 0:
+        return st.block_out[0]
+    sources, kinds = (st.partial,), (None,)
+    for j in r._partial_kinds(slot):
+        sources += (r._match(st.partial_details[j], st.partial),)
+        kinds += (j,)
+    return phase2(r, st, slot, sources, kinds)
+
+
+def write(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", partial: Tensor,
+          details: tuple[Tensor, ...]) -> TwoPhaseState:
+    """New state once the block's running sums (P, raw details) include this slot's update."""
+    if not slot.last_in_block:
+        return st._replace(partial=partial, partial_details=details)
+    final = slot.index == len(r.slots) - 1
+    matched = () if final and not r.readout_details else tuple(r._match(d, partial) for d in details)
+    new = (partial,) + matched
+    values, keys = st.values + new, st.keys + tuple(rms_key(v) for v in new)
+    if final:
+        return TwoPhaseState(values, keys, None, (), None, None, None)
+    o, mx, s = phase1(r, values, keys, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
+    return TwoPhaseState(values, keys, None, (), o, mx, s)
+
+
+def output(r: "BlockAttnRes", st: TwoPhaseState) -> Tensor:
+    """Readout over (e, C_1…C_N) (+ details with ``readout_details``) with the cached keys."""
+    if r.readout_details:
+        kinds = completed_kinds(r, r.n_blocks)
+    else:  # the last block's details were never built (see write)
+        kinds = completed_kinds(r, r.n_blocks - 1) + (None,)
+    keep = [i for i, k in enumerate(kinds) if r.readout_details or k is None]
+    if len(keep) == 1:
+        return st.values[0]
+    V = torch.stack([st.values[i] for i in keep])
+    K = torch.stack([st.keys[i] for i in keep])
+    read = 2 * r.n_layers
+    logits = torch.matmul(K, queries(r, [read])[0])               # (n, B, T)
+    bias = bias_matrix(r, [read], tuple(kinds[i] for i in keep))
+    if bias is not None:
+        logits = logits + bias[0].view(-1, 1, 1)
+    alpha = torch.softmax(logits, dim=0, dtype=softmax_dtype(V.dtype)).to(V.dtype)
+    return torch.einsum("nbt,nbtd->btd", alpha, V)
