@@ -15,8 +15,7 @@ from typing import Any, Iterable
 from routers import ROUTERS, build_router, router_class, router_options
 from workloads.config import ConfigError, DecoderConfig
 
-#: Backends known to the harness and their compile modes (``None`` = not applicable).
-BACKENDS: dict[str, tuple[str | None, ...]] = {"eager": (None,)}
+from .backends import BACKENDS
 #: Step kinds: inference prefill, forward+backward.
 MODES = ("fwd", "fwd_bwd")
 
@@ -81,22 +80,37 @@ def split_impl(router: str, options: dict[str, Any]) -> tuple[str, dict[str, Any
 
 def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], depths: Iterable[int],
            modes: Iterable[str], backends: Iterable[str] = ("eager",),
-           options: dict[str, dict[str, Any]] | None = None, seed: int = 0) -> list[Case]:
+           options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+           impls: Iterable[str] | None = None, compile_modes: Iterable[str] | None = None) -> list[Case]:
     """The cross product of a sweep, validated (see :func:`validate`).
 
     Args:
         options: per-router options, ``{"haares": {"partial_details": "never"}}``.
+        impls: implementations to sweep; each router runs those it offers (a router offering
+            none of them runs its default). None: each router's impl from ``options`` or default.
+        compile_modes: modes of the ``compile`` backend (default: ``"default"`` only).
     """
     options = options or {}
+    known_impls = {i for r in ROUTERS.values() for i in r.impls}
+    for impl in impls or ():
+        if impl not in known_impls:
+            raise ConfigError(f"--impls: unknown implementation {impl!r}; known: {', '.join(sorted(known_impls))}")
+    for cm in compile_modes or ():
+        if cm not in BACKENDS["compile"]:
+            raise ConfigError(f"--compile-modes: unknown mode {cm!r}; known: {', '.join(BACKENDS['compile'])}")
     cases = []
     for d, L, backend, mode, r in itertools.product(widths, depths, backends, modes, routers):
         impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else ("naive", {})
+        offered = router_class(r).impls if r in ROUTERS else (impl,)
+        chosen = [i for i in (impls or [impl]) if i in offered] or [offered[0]]
         try:
             cfg = base.replace(d_model=d, n_layers=L)
         except ConfigError as exc:
             raise ConfigError(f"--widths {d} / --depths {L} with {base.n_heads} heads: {exc}") from None
-        for cm in BACKENDS.get(backend, (None,))[:1]:
-            cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(opts.items())), impl, seed))
+        cms = (compile_modes or BACKENDS["compile"][:1]) if backend == "compile" else (None,)
+        for cm in cms:
+            for i in chosen:
+                cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(opts.items())), i, seed))
     validate(cases, options)
     return cases
 

@@ -107,8 +107,15 @@ def list_cmd() -> None:
 @click.option("--preset", "preset_name", default=None, help="Base shape (default: this device's grid base).")
 @click.option("--routers", default=None, help="Comma-separated routers (default: all registered).")
 @click.option("--router-options", default=None, help='JSON: {"haares": {"partial_details": "never"}}.')
-@click.option("--backends", default="eager", show_default=True, help="Comma-separated backends.")
+@click.option("--backends", default=None, help="Comma-separated backends (default: eager on the grid "
+              "+ compile at the smallest shape).")
+@click.option("--compile-modes", default="default", show_default=True, help="Modes of the compile backend.")
+@click.option("--impls", default="naive,two_phase", show_default=True,
+              help="Router implementations to sweep (each router runs those it offers).")
 @click.option("--modes", default="fwd,fwd_bwd", show_default=True, help="Comma-separated modes.")
+@click.option("--workload", default="decoder", show_default=True,
+              help="decoder, or router_only (every sublayer is its input RMSNorm: routing cost alone).")
+@click.option("--grad-checkpoint", is_flag=True, help="Recompute sublayers in backward (saves activations).")
 @click.option("--widths", default=None, help="Comma-separated d_model values (default: device grid).")
 @click.option("--depths", default=None, help="Comma-separated n_layers values (default: device grid).")
 @click.option("--n-heads", type=int, default=None, help="Attention heads (default: the base shape's).")
@@ -126,8 +133,8 @@ def list_cmd() -> None:
 @click.option("--target-loss", default=DEFAULT_TRAIN["target_loss"], show_default=True, help="Race target (nats).")
 @click.option("--report/--no-report", default=True, show_default=True, help="Write the report at the end.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def run(preset_name, routers, router_options, backends, modes, widths, depths, n_heads, seq_len,
-        batch_size, repeats, warmup_s,
+def run(preset_name, routers, router_options, backends, compile_modes, impls, modes, workload,
+        grad_checkpoint, widths, depths, n_heads, seq_len, batch_size, repeats, warmup_s,
         device, out, run_id, no_flops, train, data, train_steps, target_loss, report, quiet) -> None:
     """Cost sweep (+ a short time-to-target race + report). With no options: this device's default suite."""
     from .sweep import SweepOptions, run_sweep
@@ -137,12 +144,22 @@ def run(preset_name, routers, router_options, backends, modes, widths, depths, n
     grid = GRIDS["cuda-default" if dev.type == "cuda" else "cpu-default"]
     base = preset(preset_name) if preset_name else grid["base"]
     base = base.replace(n_heads=n_heads or base.n_heads, seq_len=seq_len or base.seq_len,
-                        batch_size=batch_size or base.batch_size)
+                        batch_size=batch_size or base.batch_size, workload=workload,
+                        grad_checkpoint=grad_checkpoint)
     names = _csv(routers) or sorted(ROUTERS)
     policy = TimingPolicy(repeats=repeats, warmup_min_s=warmup_s)
-    sweep = cases_mod.expand(names, base, _ints(widths, "--widths") or grid["d_model"],
-                             _ints(depths, "--depths") or grid["n_layers"], _csv(modes) or [],
-                             _csv(backends) or [], _json_options(router_options))
+    ws, ds = _ints(widths, "--widths") or grid["d_model"], _ints(depths, "--depths") or grid["n_layers"]
+    common = dict(modes=_csv(modes) or [], options=_json_options(router_options), impls=_csv(impls),
+                  compile_modes=_csv(compile_modes))
+    if backends is None:  # the default suite: eager on the grid, compile at its smallest shape
+        sweep = cases_mod.expand(names, base, ws, ds, backends=["eager"], **common)
+        # On CPU a first compile takes tens of seconds: compile the training step (fwd_bwd) only.
+        cmodes = common["modes"] if dev.type == "cuda" else (
+            [m for m in common["modes"] if m == "fwd_bwd"] or common["modes"])
+        sweep += cases_mod.expand(names, base, [min(ws)], [min(ds)], backends=["compile"],
+                                  **{**common, "modes": cmodes})
+    else:
+        sweep = cases_mod.expand(names, base, ws, ds, backends=_csv(backends) or [], **common)
     race = None
     if train:
         race_routers = [r for r in DEFAULT_TRAIN_ROUTERS if r in names] or names[:2]

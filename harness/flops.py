@@ -112,6 +112,11 @@ def _min_max(inputs: list, outputs: list) -> float:
     return _reduction(inputs, outputs)
 
 
+def _vector_norm(inputs: list, outputs: list) -> float:
+    """2-norm over a dim: square and accumulate (2 FLOP per input element) + sqrt per output."""
+    return 0.5 * (2 * _numel(inputs[0]) + _numel(outputs[0]))
+
+
 def _rms_norm(inputs: list, outputs: list) -> float:
     """Per row of d: square d, mean d, +ε 1, rsqrt 1, scale d (+ gain d) = 3d+2 (4d+2 with gain)."""
     shape = _shape(inputs[0])
@@ -184,6 +189,8 @@ HANDLES: dict[str, Handle] = {
     "aten::max": _min_max, "aten::min": _min_max,
     "aten::rms_norm": _rms_norm,
     "aten::softmax": _elementwise(5),
+    "aten::linalg_vector_norm": _vector_norm,
+    "aten::lerp": _elementwise(3), "aten::addcmul": _elementwise(2),
     "aten::silu": _elementwise(4), "aten::sigmoid": _elementwise(4), "aten::gelu": _gelu,
     "aten::linear": _linear, "aten::matmul": _contraction, "aten::mm": _contraction,
     "aten::bmm": _contraction, "aten::einsum": _einsum,

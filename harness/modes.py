@@ -19,13 +19,16 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def make_step(model: nn.Module, mode: str, x: Tensor, y: Tensor) -> Callable[[], Tensor]:
+def make_step(model: nn.Module, mode: str, x: Tensor, y: Tensor,
+              clone_outputs: bool = False) -> Callable[[], Tensor]:
     """A zero-argument step of ``mode`` on the fixed batch (x, y).
 
     Args:
         model: the (possibly compiled) decoder; its train/eval flag is set here.
         mode: ``"fwd"`` or ``"fwd_bwd"``.
         x, y: token ids (B, T) on the model's device.
+        clone_outputs: clone the logits (``compile`` with ``reduce-overhead`` reuses output
+            buffers on the next call, pytorch/pytorch#170604).
 
     Returns:
         ``step()`` returning the logits (``fwd``) or the loss (``fwd_bwd``) without a host sync.
@@ -39,7 +42,8 @@ def make_step(model: nn.Module, mode: str, x: Tensor, y: Tensor) -> Callable[[],
 
         def step() -> Tensor:
             with torch.no_grad():
-                return model(x)
+                out = model(x)
+                return out.clone() if clone_outputs else out
     elif mode == "fwd_bwd":
         model.train()
 

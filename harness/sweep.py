@@ -19,6 +19,7 @@ from tqdm import tqdm
 from workloads.data import synthetic_batch
 from workloads.decoder import Decoder, parameter_counts
 
+from . import backends
 from .cases import Case
 from .memory import cuda_peak_memory, model_tensors, saved_activation_bytes
 from .modes import make_step
@@ -64,10 +65,39 @@ def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: RecordWriter) 
     w.write(**cols, metric="router_flops_fvcore", value=fc.router_fma, unit="FMA")
 
 
+def measure_router_costs(case: Case, model: Decoder, w: RecordWriter) -> None:
+    """The router's cost models and its measured traffic (per router, impl and shape).
+
+    Rows: ``router_flops_analytic`` (FLOP, the naive reference formula), ``router_state``
+    (bytes, peak live state of this impl), ``router_io_ideal`` and ``router_io_measured``
+    (bytes per token and sublayer: the ideal I/O model of the AttnRes paper's Table 1, and what
+    this eager impl's ops read and write, :mod:`harness.traffic`, measured on the CPU on one
+    sequence of at most 32 tokens).
+    """
+    from .traffic import router_bytes_moved
+
+    cols, cfg, r = case.columns(), case.cfg, model.router
+    item = cfg.torch_dtype.itemsize
+    impl = case.impl if case.impl in r.impls else None
+    w.write(**cols, metric="router_flops_analytic", unit="FLOP",
+            value=r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len))
+    w.write(**cols, metric="router_state", unit="bytes",
+            value=r.live_state_bytes(cfg.batch_size, cfg.seq_len, cfg.torch_dtype, impl=impl))
+    w.write(**cols, metric="router_io_ideal", unit="bytes/token/sublayer",
+            value=r.ideal_io_per_token() * cfg.d_model * item)
+    w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer",
+            # per-token traffic does not depend on B·T: measure on one short sequence
+            value=router_bytes_moved(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item)
+
+
 def run_case(case: Case, device: torch.device, w: RecordWriter, opts: SweepOptions,
              count_flops: bool = True) -> str:
     """Measure one case; returns its final status (``ok``, ``oom`` or ``error``)."""
     cols = case.columns()
+    reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
+    if reason:
+        w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
+        return "skipped"
     try:
         model = build_model(case, device)
         counts = parameter_counts(model)
@@ -75,18 +105,27 @@ def run_case(case: Case, device: torch.device, w: RecordWriter, opts: SweepOptio
         w.write(**cols, metric="params_router", value=counts["router"], unit="count")
         x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
                                seed=case.seed, device=device)
-        if opts.flops and count_flops:
-            measure_flops(case, model, x, w)
-        if opts.memory and case.mode == "fwd_bwd":
+        if count_flops:
+            measure_router_costs(case, model, w)
+            if opts.flops:
+                measure_flops(case, model, x, w)
+        if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
+            # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
             model.train()
             saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
             w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
-        step = make_step(model, case.mode, x, y)
+        prepared = backends.prepare(model, case.backend, case.compile_mode)
+        step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs)
+        if case.backend == "compile":
+            w.write(**cols, metric="compile_time", value=backends.first_call_seconds(step, device), unit="s")
+            w.write(**cols, metric="graph_breaks", value=backends.graph_breaks(), unit="count")
         if opts.memory and device.type == "cuda":
             for metric, value in cuda_peak_memory(step, device).items():
                 w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
         warm_up(step, device, opts.timing)
-        for i, ms in enumerate(time_steps(step, device, opts.timing.repeats)):
+        with backends.recompile_guard(case.backend):
+            times = time_steps(step, device, opts.timing.repeats)
+        for i, ms in enumerate(times):
             w.write(**cols, metric="step_time", value=ms, unit="ms", repeat=i)
         return "ok"
     except torch.cuda.OutOfMemoryError as exc:

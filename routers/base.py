@@ -136,3 +136,85 @@ class Router(nn.Module, abc.ABC):
     def options(self) -> dict[str, Any]:
         """The resolved options of this instance (JSON-able), for the ``router_options`` column."""
         return {}
+
+    # --- cost models (MEASUREMENT.md "FLOPs" and "Memory"; docs/FLOPS.md) ----------------------
+    def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
+        """Closed-form forward FLOP of the router's mixing for one forward of B·T tokens.
+
+        Convention of docs/FLOPS.md: FLOP = 2·FMA, elementwise ops 1 FLOP per output element,
+        forward only, work whose result nothing reads is not counted (the trace drops it). Covers
+        ``init_state``, every ``read`` and ``write`` over ``self.slots`` and the readout, for the
+        ``naive`` implementation; equals ``2 * harness.flops.count_router_fma(router, B, T)`` and
+        ``2 * count_fwd_flops(decoder, (idx,)).router_fma`` exactly (tests/test_costs.py).
+
+        Args:
+            batch_size: B.
+            seq_len: T.
+
+        Returns:
+            FLOP (a float holding an integer).
+
+        Raises:
+            NotImplementedError: the router has no formula (every registered router has one).
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no analytic_fwd_flops")
+
+    def live_state_bytes(self, batch_size: int, seq_len: int, dtype: "torch.dtype | None" = None,
+                         impl: str | None = None) -> int:
+        """Peak bytes of router state kept alive between sublayers during one forward.
+
+        The state is what ``init_state`` / ``write`` return and the next ``read`` / ``write`` /
+        ``output`` consumes: tensors of shape (B, T, d) (e, running stream h, completed-block
+        sources, partial sums …) plus any implementation statistics. The peak is the maximum over
+        the states after ``init_state`` and after each ``write`` of the bytes of their distinct
+        storages (an alias, e.g. a partial sum that *is* the update, counts once). Temporaries of
+        a read or write are not state.
+
+        Args:
+            batch_size: B.
+            seq_len: T.
+            dtype: dtype of the router's tensors (``None``: ``torch.float32``).
+            impl: implementation to model (``None``: this instance's ``impl``, else ``"naive"``).
+
+        Returns:
+            bytes.
+
+        Raises:
+            NotImplementedError: the router has no model.
+            ValueError: ``impl`` is not an implementation of this router.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no live_state_bytes")
+
+    def ideal_io_per_token(self, schedule: int | None = None) -> float:
+        """Residual-stream memory traffic per token and per sublayer under the **ideal I/O model**.
+
+        Model of the Attention Residuals paper (Kimi Team, arXiv:2603.15031, Table 1; inference):
+        every input of a fused step is read once and every output written once, a block router
+        runs the two-phase schedule; parameters (pseudo-queries, gains) are amortised over tokens
+        and count 0. The figure is averaged over the 2L sublayers and given in **units of d
+        elements** (multiply by d · bytes per element for bytes). It is a model, not a
+        measurement: ``harness.traffic.router_bytes_moved`` measures what an implementation moves.
+
+        Args:
+            schedule: S, sublayers per two-phase chunk (``full_attnres`` only; others take None).
+
+        Returns:
+            elements of width d moved per token and sublayer.
+
+        Raises:
+            NotImplementedError: the router has no model.
+            ValueError: ``schedule`` given to a router that does not take one, or invalid.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no ideal_io_per_token")
+
+    def _cost_impl(self, impl: str | None) -> str:
+        """The implementation a cost model describes: ``impl``, else ``self.impl``, else naive.
+
+        Raises:
+            ValueError: ``impl`` is not in ``self.impls``.
+        """
+        impl = getattr(self, "impl", self.impls[0]) if impl is None else impl
+        if impl not in self.impls:
+            raise ValueError(f"impl={impl!r} is not an implementation of {self.name}; "
+                             f"choose one of {self.impls}")
+        return impl

@@ -38,6 +38,39 @@ class PreNorm(Router):
     def output(self, state: Tensor) -> Tensor:
         return state
 
+    # --- cost models (Router docstrings; docs/FLOPS.md) ----------------------------------------
+    def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
+        """Forward FLOP of ``h_{k+1} = h_k + u_k`` over B·T tokens (docs/FLOPS.md).
+
+        Per token: one add of d elements per sublayer (d FLOP); init, reads and readout return
+        the state itself (0). Total: 2L · d · B·T.
+        """
+        tokens = batch_size * seq_len
+        return float(len(self.slots)          # 2L writes
+                     * self.d_model           # h + u: 1 FLOP per element
+                     * tokens)
+
+    def live_state_bytes(self, batch_size: int, seq_len: int, dtype: torch.dtype = torch.float32,
+                         impl: str | None = None) -> int:
+        """Peak router state between sublayers: the stream h alone, one (B, T, d) tensor.
+
+        (α_k / γ_k are parameters, not state.) See :meth:`Router.live_state_bytes`.
+        """
+        self._cost_impl(impl)
+        itemsize = torch.empty((), dtype=dtype or torch.float32).element_size()
+        return batch_size * seq_len * self.d_model * itemsize
+
+    def ideal_io_per_token(self, schedule: int | None = None) -> float:
+        """Ideal I/O per token and sublayer, units of d elements (AttnRes paper Table 1: 3d).
+
+        One fused step per sublayer: read h (1), read u (1), write h (1) = 3. ReZero's α_k and
+        LayerScale's γ_k are per-sublayer parameters, amortised over tokens: 0. The readout reads
+        nothing extra (h_out is h_2L). See :meth:`Router.ideal_io_per_token`.
+        """
+        if schedule is not None:
+            raise ValueError(f"{self.name} has no two-phase schedule; pass schedule=None")
+        return 3.0
+
 
 @register("rezero")
 class ReZero(PreNorm):
@@ -52,6 +85,17 @@ class ReZero(PreNorm):
 
     def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
         return state + self.alpha[slot.index] * update
+
+    def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
+        """Forward FLOP of ``h_{k+1} = h_k + α_k u_k`` over B·T tokens (docs/FLOPS.md).
+
+        Per token and sublayer: α_k · u (d multiplies, α_k is a 0-d select: free) and the add
+        (d). Total: 2L · 2d · B·T.
+        """
+        tokens = batch_size * seq_len
+        return float(len(self.slots)          # 2L writes
+                     * 2 * self.d_model       # α_k · u (d) + add (d)
+                     * tokens)
 
 
 def cait_init(n_layers: int) -> float:
@@ -83,3 +127,13 @@ class LayerScale(PreNorm):
 
     def options(self) -> dict:
         return {"init": self.init}
+
+    def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
+        """Forward FLOP of ``h_{k+1} = h_k + γ_k ⊙ u_k`` over B·T tokens (docs/FLOPS.md).
+
+        Per token and sublayer: γ_k ⊙ u (d multiplies) and the add (d). Total: 2L · 2d · B·T.
+        """
+        tokens = batch_size * seq_len
+        return float(len(self.slots)          # 2L writes
+                     * 2 * self.d_model       # γ_k ⊙ u (d) + add (d)
+                     * tokens)

@@ -7,18 +7,20 @@ sublayers are known and the completed sources cannot change until the block ends
 - **Phase 1** (once per block, in the ``write`` that completes the previous block): one batched
   pass of the block's m pseudo-queries over the completed sources (e, C_1, D̃_1…, …), returning per
   query the normalised partial output ``o`` (m, B, T, d), the running max ``μ`` and the sum of
-  exponentials ``s`` (each (m, B, T), float32 whatever the tensor dtype). Each completed source's
-  RMS-normalised key is computed once, when it enters the pool, and cached.
+  exponentials ``s`` (each (m, B, T), float32 whatever the tensor dtype). A key is never
+  materialised: w·RMSNorm(V) = (w·V)·rsqrt(mean(V²) + ε), so each completed source caches only its
+  inverse RMS, (B, T), computed once when it enters the pool.
 - **Phase 2** (per sublayer at position p ≥ 1): the partial-block sources (P and its visible
   details) are merged into phase 1's result by online softmax:
 
       M = max(μ_p, max_j ℓ_j),  a_0 = s_p·exp(μ_p − M),  a_j = exp(ℓ_j − M)
       h = (a_0·o_p + Σ_j a_j S_j) / (a_0 + Σ_j a_j)
 
-  At p = 0 the read is ``o_0`` itself.
+  At p = 0 the read is ``o_0`` itself. The weights sum to one, so with a single partial source
+  (Block AttnRes) the merge is one ``lerp``: h = P + a_0/(a_0 + a_1)·(o_p − P).
 
-A key-norm gain g folds into the query: w·RMSNorm_g(V) = (g ⊙ w)·RMSNorm(V), so cached keys need
-no gain. The maxima are detached: softmax is invariant to the shift, so its gradient is zero.
+A key-norm gain g folds into the query: w·RMSNorm_g(V) = (g ⊙ w)·RMSNorm(V), so the cached
+inverse RMS needs no gain. The maxima are detached: softmax is invariant to the shift, so its gradient is zero.
 The result equals the naive reference (``routers.mixer.depth_mix``) to float rounding, forward and
 backward (tests/test_two_phase.py).
 """
@@ -28,7 +30,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .mixer import EPS, softmax_dtype
@@ -43,7 +44,7 @@ class TwoPhaseState(NamedTuple):
 
     Attributes:
         values: completed sources in pool order, the embedding first: (e, C_1, D̃_1…, C_2, …).
-        keys: their RMS-normalised keys (no gain), same shapes (B, T, d).
+        inv_rms: their inverse RMS ``rsqrt(mean(V²) + ε)``, each (B, T), in the softmax dtype.
         partial: P of the current block, or None at a block start.
         partial_details: running raw detail sums of the current block.
         block_out: phase-1 outputs of the current block's queries, (m, B, T, d).
@@ -52,7 +53,7 @@ class TwoPhaseState(NamedTuple):
     """
 
     values: tuple[Tensor, ...]
-    keys: tuple[Tensor, ...]
+    inv_rms: tuple[Tensor, ...]
     partial: Tensor | None
     partial_details: tuple[Tensor, ...]
     block_out: Tensor | None
@@ -60,9 +61,11 @@ class TwoPhaseState(NamedTuple):
     block_sum: Tensor | None
 
 
-def rms_key(v: Tensor) -> Tensor:
-    """RMSNorm over d without gain: the key of a source, (B, T, d)."""
-    return F.rms_norm(v, (v.shape[-1],), eps=EPS)
+def inv_rms(v: Tensor) -> Tensor:
+    """``rsqrt(mean(v²) + ε)`` over d, (B, T), in the softmax dtype (one read of v)."""
+    acc = softmax_dtype(v.dtype)
+    ms = torch.linalg.vector_norm(v, dim=-1, dtype=acc).square() / v.shape[-1]
+    return torch.rsqrt(ms + EPS)
 
 
 def queries(r: "BlockAttnRes", reads: list[int]) -> Tensor:
@@ -80,7 +83,7 @@ def bias_matrix(r: "BlockAttnRes", reads: list[int], kinds: tuple[int | None, ..
     return table[:, [0 if k is None else k + 1 for k in kinds]]
 
 
-def phase1(r: "BlockAttnRes", st_values: tuple[Tensor, ...], st_keys: tuple[Tensor, ...],
+def phase1(r: "BlockAttnRes", values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
            block_slots: list["Slot"], kinds: tuple[int | None, ...]) -> tuple[Tensor, Tensor, Tensor]:
     """All m queries of a block against the n completed sources in one batched pass.
 
@@ -88,13 +91,12 @@ def phase1(r: "BlockAttnRes", st_values: tuple[Tensor, ...], st_keys: tuple[Tens
         o (m, B, T, d) normalised partial outputs, μ (m, B, T) maxima, s (m, B, T) sums of exps.
     """
     reads = [s.index for s in block_slots]
-    V = torch.stack(st_values)                                    # (n, B, T, d)
-    K = torch.stack(st_keys)
-    logits = torch.einsum("md,nbtd->mbtn", queries(r, reads), K)  # (m, B, T, n)
+    V = torch.stack(values)                                       # (n, B, T, d)
+    dots = torch.einsum("md,nbtd->mbtn", queries(r, reads), V)    # (m, B, T, n)
+    logits = dots.to(softmax_dtype(V.dtype)) * torch.stack(inv, dim=-1)
     bias = bias_matrix(r, reads, kinds)
     if bias is not None:
         logits = logits + bias[:, None, None, :]
-    logits = logits.to(softmax_dtype(V.dtype))
     mx = logits.amax(dim=-1).detach()
     p = torch.exp(logits - mx.unsqueeze(-1))
     s = p.sum(dim=-1)
@@ -102,23 +104,45 @@ def phase1(r: "BlockAttnRes", st_values: tuple[Tensor, ...], st_keys: tuple[Tens
     return o, mx, s
 
 
-def phase2(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", sources: tuple[Tensor, ...],
-           kinds: tuple[int | None, ...]) -> Tensor:
-    """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``."""
-    p = slot.pos
-    o, mx, s = st.block_out[p], st.block_max[p], st.block_sum[p]
-    S = torch.stack(sources)                                      # (J, B, T, d)
-    logits = torch.matmul(rms_key(S), queries(r, [slot.index])[0])  # (J, B, T)
+def phase2(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot") -> Tensor:
+    """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``.
+
+    The partial sources are P and its visible details D̃ = c·D with the detached RMS-matching
+    gain c = min(ρ, rms(P)/(rms(D) + ε)) (``routers.mixer.rms_match``). D̃ is never materialised:
+    its logit is c·(w·D)·rsqrt(c²·mean(D²) + ε) and it enters the sum as (weight·c)·D.
+    """
+    o, mx, s = st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos]
+    q = queries(r, [slot.index])[0]
+    P = st.partial
+    d, acc = P.shape[-1], mx.dtype
+    ms_p = torch.linalg.vector_norm(P, dim=-1, dtype=acc).square() / d          # (B, T)
+    logits, values, gains = [torch.matmul(P, q).to(acc) * torch.rsqrt(ms_p + EPS)], [P], [None]
+    kinds: tuple[int | None, ...] = (None,)
+    for j in r._partial_kinds(slot):
+        D = st.partial_details[j]
+        ms_d = torch.linalg.vector_norm(D, dim=-1, dtype=acc).square() / d
+        with torch.no_grad():
+            c = torch.clamp(ms_p.sqrt() / (ms_d.sqrt() + EPS), max=r.max_detail_scale)
+        logits.append(c * torch.matmul(D, q).to(acc) * torch.rsqrt(c.square() * ms_d + EPS))
+        values.append(D)
+        gains.append(c)
+        kinds += (j,)
+    logits = torch.stack(logits)                                                  # (J, B, T)
     bias = bias_matrix(r, [slot.index], kinds)
     if bias is not None:
         logits = logits + bias[0].view(-1, 1, 1)
-    logits = logits.to(mx.dtype)
     m_new = torch.maximum(mx, logits.amax(dim=0)).detach()
     a0 = s * torch.exp(mx - m_new)
     aj = torch.exp(logits - m_new)
     den = a0 + aj.sum(dim=0)
-    out = (a0 / den).to(o.dtype).unsqueeze(-1) * o
-    return out + torch.einsum("jbt,jbtd->btd", (aj / den).to(S.dtype), S)
+    w0 = (a0 / den).to(o.dtype).unsqueeze(-1)                                     # (B, T, 1)
+    if len(values) == 1:                                                          # weights sum to 1
+        return torch.lerp(P, o, w0)
+    out = w0 * o
+    for a, v, c in zip(aj, values, gains):
+        w = a / den if c is None else a * c / den
+        out = torch.addcmul(out, w.to(o.dtype).unsqueeze(-1), v)
+    return out
 
 
 def completed_kinds(r: "BlockAttnRes", n_blocks_done: int) -> tuple[int | None, ...]:
@@ -131,19 +155,15 @@ def block_slots(r: "BlockAttnRes", block: int) -> list["Slot"]:
 
 
 def init_state(r: "BlockAttnRes", e: Tensor) -> TwoPhaseState:
-    values, keys = (e,), (rms_key(e),)
-    o, mx, s = phase1(r, values, keys, block_slots(r, 1), completed_kinds(r, 0))
-    return TwoPhaseState(values, keys, None, (), o, mx, s)
+    values, inv = (e,), (inv_rms(e),)
+    o, mx, s = phase1(r, values, inv, block_slots(r, 1), completed_kinds(r, 0))
+    return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
 def read(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot") -> Tensor:
     if slot.pos == 0:
         return st.block_out[0]
-    sources, kinds = (st.partial,), (None,)
-    for j in r._partial_kinds(slot):
-        sources += (r._match(st.partial_details[j], st.partial),)
-        kinds += (j,)
-    return phase2(r, st, slot, sources, kinds)
+    return phase2(r, st, slot)
 
 
 def write(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", partial: Tensor,
@@ -154,15 +174,15 @@ def write(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", partial: Tensor,
     final = slot.index == len(r.slots) - 1
     matched = () if final and not r.readout_details else tuple(r._match(d, partial) for d in details)
     new = (partial,) + matched
-    values, keys = st.values + new, st.keys + tuple(rms_key(v) for v in new)
+    values, inv = st.values + new, st.inv_rms + tuple(inv_rms(v) for v in new)
     if final:
-        return TwoPhaseState(values, keys, None, (), None, None, None)
-    o, mx, s = phase1(r, values, keys, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
-    return TwoPhaseState(values, keys, None, (), o, mx, s)
+        return TwoPhaseState(values, inv, None, (), None, None, None)
+    o, mx, s = phase1(r, values, inv, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
+    return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
 def output(r: "BlockAttnRes", st: TwoPhaseState) -> Tensor:
-    """Readout over (e, C_1…C_N) (+ details with ``readout_details``) with the cached keys."""
+    """Readout over (e, C_1…C_N) (+ details with ``readout_details``) with the cached inverse RMS."""
     if r.readout_details:
         kinds = completed_kinds(r, r.n_blocks)
     else:  # the last block's details were never built (see write)
@@ -171,11 +191,11 @@ def output(r: "BlockAttnRes", st: TwoPhaseState) -> Tensor:
     if len(keep) == 1:
         return st.values[0]
     V = torch.stack([st.values[i] for i in keep])
-    K = torch.stack([st.keys[i] for i in keep])
     read = 2 * r.n_layers
-    logits = torch.matmul(K, queries(r, [read])[0])               # (n, B, T)
+    dots = torch.matmul(V, queries(r, [read])[0])                  # (n, B, T)
+    logits = dots.to(softmax_dtype(V.dtype)) * torch.stack([st.inv_rms[i] for i in keep])
     bias = bias_matrix(r, [read], tuple(kinds[i] for i in keep))
     if bias is not None:
         logits = logits + bias[0].view(-1, 1, 1)
-    alpha = torch.softmax(logits, dim=0, dtype=softmax_dtype(V.dtype)).to(V.dtype)
+    alpha = torch.softmax(logits, dim=0).to(V.dtype)
     return torch.einsum("nbt,nbtd->btd", alpha, V)

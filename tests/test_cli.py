@@ -59,7 +59,8 @@ def test_list_shows_every_router():
 
 def test_run_end_to_end_and_resume(tmp_path):
     args = ["run", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2",
-            "--repeats", "2", "--warmup-s", "0", "--no-train", "--out", tmp_path, "--run-id", "r1", "--quiet"]
+            "--repeats", "2", "--warmup-s", "0", "--backends", "eager", "--impls", "naive", "--no-train",
+            "--out", tmp_path, "--run-id", "r1", "--quiet"]
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     run_dir = next(tmp_path.glob("*/r1"))

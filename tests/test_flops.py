@@ -127,16 +127,20 @@ def test_every_registered_router_has_golden():
     assert set(ROUTERS) <= set(GOLDEN), "add a hand-derived golden for the new router"
 
 
-CASES = [(n, wl, mlp, kg) for n in sorted(ROUTERS)
+CASES = [(n, wl, mlp, kg, impl) for n in sorted(ROUTERS)
          for wl, mlp, kg in itertools.product(("decoder", "router_only"), ("swiglu", "gelu"), (False, True))
+         for impl in ROUTERS[n].impls
          if not kg or "key_norm_gain" in router_options(n)]
 
 
-@pytest.mark.parametrize("name,workload,mlp,gain", CASES)
-def test_no_unsupported_op(name, workload, mlp, gain):
+@pytest.mark.parametrize("name,workload,mlp,gain,impl", CASES)
+def test_no_unsupported_op(name, workload, mlp, gain, impl):
     cfg = DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, seq_len=3, batch_size=1,
                         mlp=mlp, workload=workload)
-    model = Decoder(cfg, name, {"key_norm_gain": True} if gain else {})
+    opts = {"key_norm_gain": True} if gain else {}
+    if "impl" in router_options(name):
+        opts["impl"] = impl
+    model = Decoder(cfg, name, opts)
     c = count_fwd_flops(model, (torch.randint(0, V, (1, 3)),), strict=False)
     assert c.unsupported == {}
     assert c.total_fma > 0

@@ -40,7 +40,7 @@ def test_block_attnres_one_sublayer_per_block_is_full_attnres(impl):
     L = 3
     block = randomise(build_router("block_attnres", D, L, block_unit="sublayer", n_blocks=2 * L,
                                    key_norm_gain=True, impl=impl).double())
-    full = build_router("full_attnres", D, L, key_norm_gain=True, impl=impl).double()
+    full = build_router("full_attnres", D, L, key_norm_gain=True).double()
     full.load_state_dict(block.state_dict())
     e, ups = inputs(L)
     torch.testing.assert_close(run(full, e, ups)[0], run(block, e, ups)[0], rtol=1e-12, atol=1e-12)

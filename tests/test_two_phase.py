@@ -10,7 +10,7 @@ from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
 B, T, D = 2, 3, 8
-CASES = [("block_attnres", "always"), ("full_attnres", "always")] + [
+CASES = [("block_attnres", "always")] + [
     (n, p) for n in ("haares", "wav_v1") for p in ("always", "informative", "never")]
 
 

@@ -1,0 +1,221 @@
+"""Per-router cost models (``analytic_fwd_flops``, ``live_state_bytes``, ``ideal_io_per_token``)
+against fvcore, the router's real state, the AttnRes paper's Table 1, and measured traffic
+(``harness/traffic.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.flops import count_fwd_flops, count_router_fma
+from harness.traffic import measured_bytes, router_bytes_moved, tensor_bytes
+from routers import ROUTERS, build_router
+from workloads.config import DecoderConfig
+from workloads.decoder import Decoder
+
+D = 8
+DETAIL = ("haares", "wav_v1")
+
+# (router, L, options): every registered router, blocks dividing and not dividing L, sublayer
+# blocks, key gain, and each partial_details / readout_details value of the detail routers.
+FLOP_CASES = [(n, L, {}) for n in sorted(ROUTERS) for L in (2, 3)] + [
+    ("block_attnres", 5, {"n_blocks": 2}),
+    ("block_attnres", 4, {"n_blocks": 3, "key_norm_gain": True}),
+    ("block_attnres", 2, {"n_blocks": 3, "block_unit": "sublayer"}),
+    ("full_attnres", 3, {"key_norm_gain": True}),
+] + [
+    (n, L, {"n_blocks": nb, "block_unit": unit, "partial_details": pd, "readout_details": rd,
+            "key_norm_gain": kg})
+    for n in DETAIL
+    for (L, nb, unit), pd, rd, kg in [
+        ((5, 2, "layer"), "always", False, False),       # 2 + 3 layers: remainder to the last block
+        ((5, 2, "layer"), "informative", False, True),
+        ((5, 2, "layer"), "never", False, False),
+        ((5, 2, "layer"), "informative", True, False),
+        ((4, 2, "layer"), "always", True, True),
+        ((4, 4, "layer"), "informative", False, False),   # one layer per block (m = 2)
+        ((3, 3, "sublayer"), "always", False, False),
+        ((4, 3, "layer"), "never", True, False),
+    ]]
+
+
+def _id(case):
+    name, L, opts = case
+    return f"{name}-L{L}-" + "-".join(f"{k}={v}" for k, v in opts.items())
+
+
+@pytest.mark.parametrize("case", FLOP_CASES, ids=_id)
+def test_analytic_flops_equal_fvcore_probe(case):
+    name, L, opts = case
+    router = build_router(name, D, L, **opts)
+    assert router.analytic_fwd_flops(2, 3) == 2 * count_router_fma(router, 2, 3) > 0
+
+
+@pytest.mark.parametrize("name,opts", [(n, {}) for n in sorted(ROUTERS)] + [
+    ("wav_v1", {"partial_details": "informative", "n_blocks": 2}),
+    ("haares", {"readout_details": True, "key_norm_gain": True}),
+])
+def test_analytic_flops_equal_decoder_router_fma(name, opts):
+    cfg = DecoderConfig(vocab_size=16, d_model=D, n_layers=3, n_heads=2, seq_len=3, batch_size=2)
+    model = Decoder(cfg, name, opts)
+    c = count_fwd_flops(model, (torch.randint(0, 16, (2, 3)),))
+    assert model.router.analytic_fwd_flops(2, 3) == 2 * c.router_fma
+
+
+def test_analytic_flops_hand_goldens():
+    # tests/test_flops.py GOLDEN at L = 2, d = 8, B = 1, T = 2, derived there by hand
+    expect = {"prenorm": 4 * 16, "rezero": 8 * 16, "layerscale": 8 * 16, "block_attnres": 1292,
+              "full_attnres": 2 * (2 + 3 + 4 + 5) * (7 * D + 7), "haares": 2104, "wav_v1": 2902}
+    assert set(expect) == set(ROUTERS)
+    for name, flop in expect.items():
+        assert build_router(name, D, 2).analytic_fwd_flops(1, 2) == flop, name
+
+
+# --- live state ------------------------------------------------------------------------------
+def state_bytes(state) -> int:
+    """Bytes of the distinct storages reachable from a router state (tuples, NamedTuples)."""
+    storages = {}
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            s = x.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y)
+        else:
+            assert x is None, type(x)
+
+    walk(state)
+    return sum(storages.values())
+
+
+def measured_peak_state(router, B, T, dtype):
+    g = torch.Generator().manual_seed(0)
+    shape = (B, T, router.d_model)
+    state = router.init_state(torch.randn(shape, generator=g, dtype=dtype))
+    peak = state_bytes(state)
+    with torch.no_grad():
+        for slot in router.slots:
+            router.read(state, slot)
+            state = router.write(state, slot, torch.randn(shape, generator=g, dtype=dtype))
+            peak = max(peak, state_bytes(state))
+    return peak
+
+
+STATE_CASES = [(n, L, {}) for n in sorted(ROUTERS) for L in (2, 5)] + [
+    ("block_attnres", 5, {"n_blocks": 3}),
+    ("block_attnres", 2, {"n_blocks": 3, "block_unit": "sublayer"}),
+] + [(n, 5, {"n_blocks": 2, "partial_details": pd, "readout_details": rd})
+     for n in DETAIL for pd, rd in [("always", False), ("never", True), ("informative", False)]] + [
+    (n, 4, {"n_blocks": 4, "readout_details": True}) for n in DETAIL]
+
+
+@pytest.mark.parametrize("case,impl", [(c, i) for c in STATE_CASES for i in ROUTERS[c[0]].impls],
+                         ids=lambda v: _id(v) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_live_state_bytes_equal_measured_state(case, impl, dtype):
+    # bfloat16: the two-phase statistics stay float32 (2 × 4 bytes per query and token)
+    name, L, opts = case
+    router = build_router(name, D, L, **opts, **({"impl": impl} if impl != "naive" else {}))
+    router = router.to(dtype)
+    B, T = 2, 3
+    assert router.live_state_bytes(B, T, dtype) == measured_peak_state(router, B, T, dtype)
+    assert router.live_state_bytes(B, T, dtype, impl=impl) == router.live_state_bytes(B, T, dtype)
+
+
+def test_live_state_bytes_by_hand():
+    B, T, item = 2, 3, 4
+    unit = B * T * D * item                          # one (B, T, d) float32 tensor
+    assert build_router("prenorm", D, 4).live_state_bytes(B, T) == unit
+    # block_attnres L=4, N=4 blocks of m=2: peak after a block completes: e + C_1..C_4, or
+    # within the last block e + C_1..C_3 + P: 5 tensors either way
+    assert build_router("block_attnres", D, 4).live_state_bytes(B, T) == 5 * unit
+    # full_attnres: e + u_0 … u_{2L-1} at the end
+    assert build_router("full_attnres", D, 3).live_state_bytes(B, T) == 7 * unit
+    # wav_v1, L=4, N=2 blocks of m=4, K=2: within block 2 after p >= 1: e, C_1, D̃_1 ×2, P, D ×2
+    assert build_router("wav_v1", D, 4, n_blocks=2).live_state_bytes(B, T) == 7 * unit
+    # two_phase block_attnres L=4 N=2 (m=4): in block 2: e, C_1 (2), P (1), phase-1 outputs
+    # (4); float32 (B, T) statistics: the inverse RMS of e and C_1 (2) and 2·4 max/sum
+    r = build_router("block_attnres", D, 4, n_blocks=2)
+    assert r.live_state_bytes(B, T, impl="two_phase") == 7 * unit + (2 + 2 * 4) * B * T * 4
+    assert r.live_state_bytes(B, T) == 3 * unit                     # naive: e, C_1, P
+    with pytest.raises(ValueError, match="impl"):
+        r.live_state_bytes(B, T, impl="fused")
+    with pytest.raises(ValueError, match="impl"):
+        build_router("prenorm", D, 4).live_state_bytes(B, T, impl="two_phase")
+
+
+# --- ideal I/O model -------------------------------------------------------------------------
+def test_ideal_io_attnres_table_1():
+    # 128 sublayers = 64 layers, N = 8 blocks of S = 16 sublayers, two-phase chunks S = 16
+    L = 64
+    assert build_router("prenorm", D, L).ideal_io_per_token() == 3
+    assert build_router("block_attnres", D, L, n_blocks=8).ideal_io_per_token() == 5.5
+    full = build_router("full_attnres", D, L)
+    assert full.ideal_io_per_token(16) == full.ideal_io_per_token() == 24
+    assert build_router("rezero", D, L).ideal_io_per_token() == 3
+    assert build_router("layerscale", D, L).ideal_io_per_token() == 3
+    # detail routers: (1+K)·N/S + 3 + 2(1+K)
+    assert build_router("haares", D, L, n_blocks=8).ideal_io_per_token() == 2 * 0.5 + 3 + 4 == 8
+    assert build_router("wav_v1", D, L, n_blocks=8).ideal_io_per_token() == 3 * 0.5 + 3 + 6 == 10.5
+
+
+def test_ideal_io_schedules():
+    full = build_router("full_attnres", D, 3)                       # 2L = 6: default S = 6
+    assert full.ideal_io_per_token() == 6 + 1 and full.ideal_io_per_token(2) == 2 + 3
+    with pytest.raises(ValueError, match="schedule"):
+        full.ideal_io_per_token(4)
+    with pytest.raises(ValueError, match="schedule"):
+        build_router("block_attnres", D, 4).ideal_io_per_token(16)
+    with pytest.raises(ValueError, match="schedule"):
+        build_router("prenorm", D, 4).ideal_io_per_token(16)
+    # N blocks not dividing: the pool bound (1+K)·N per block averaged over 2L sublayers
+    assert build_router("block_attnres", D, 5, n_blocks=2).ideal_io_per_token() == 4 / 10 + 5
+
+
+# --- measured traffic ------------------------------------------------------------------------
+def test_measured_bytes_hand_cases():
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    m = measured_bytes(torch.add, a, b)
+    assert (m["read"], m["written"], m["total"]) == (2 * 128, 128, 3 * 128)
+    assert measured_bytes(lambda x: x.view(32), a)["total"] == 0
+    assert measured_bytes(lambda x: x.t().unsqueeze(0).expand(3, 8, 4), a)["total"] == 0
+    assert measured_bytes(lambda x: x.add_(1.0), a.clone())["total"] == 2 * 128   # read + write self
+    out = torch.empty(4, 8)
+    assert measured_bytes(lambda: torch.add(a, b, out=out))["total"] == 3 * 128
+    assert measured_bytes(lambda: out.copy_(a))["total"] == 2 * 128                # self not read
+    # a broadcast source is read once: expand (free) then add with a scalar
+    assert measured_bytes(lambda: a.expand(3, 4, 8) + 1)["total"] == 128 + 3 * 128
+    assert measured_bytes(lambda: torch.stack((a, b)))["total"] == 4 * 128
+    assert tensor_bytes(torch.zeros(()).double()) == 8
+
+
+def test_prenorm_measured_traffic_is_three():
+    # per sublayer one add: read h, read u, write h; init, reads and readout run no op (0)
+    for dtype in (torch.float32, torch.float64):
+        assert router_bytes_moved(build_router("prenorm", 16, 3), 2, 5, dtype) == 3.0
+    r, h = build_router("prenorm", 16, 3), torch.randn(2, 5, 16)
+    assert measured_bytes(r.output, h)["total"] == 0                # h_out is h_2L itself
+    assert measured_bytes(r.read, h, r.slots[0])["total"] == 0
+    assert measured_bytes(r.write, h, r.slots[0], h)["n_ops"] == 1  # the add alone
+    # rezero: α_k·u (read α 1 element + u, write) + add (3): 5 + 1/(B·T·d) per token and sublayer
+    assert router_bytes_moved(build_router("rezero", 16, 3), 2, 5) == 5 + 1 / (2 * 5 * 16)
+    # layerscale: γ_k (d elements) ⊙ u + add: 5 + 1/(B·T)
+    assert router_bytes_moved(build_router("layerscale", 16, 3), 2, 5) == 5 + 1 / (2 * 5)
+
+
+@pytest.mark.parametrize("name,impl", [(n, i) for n in ("block_attnres", "full_attnres", *DETAIL)
+                                       for i in ROUTERS[n].impls])
+def test_block_routers_measured_traffic_at_least_ideal(name, impl):
+    router = build_router(name, 16, 4, impl=impl)
+    measured = router_bytes_moved(router, 2, 3)
+    assert measured >= router.ideal_io_per_token()
+
+
+def test_every_router_has_cost_models():
+    for name in ROUTERS:
+        r = build_router(name, D, 2)
+        assert r.analytic_fwd_flops(1, 1) > 0
+        assert r.live_state_bytes(1, 1) >= D * 4
+        assert r.ideal_io_per_token() >= 3
