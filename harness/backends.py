@@ -1,4 +1,5 @@
-"""Backends: the same decoder run eagerly or through ``torch.compile`` (DESIGN.md, "Backends").
+"""Backends: the same decoder run eagerly, through ``torch.compile``, or captured in a CUDA graph
+(``harness/cudagraph.py``) (DESIGN.md, "Backends").
 
 Rules (MEASUREMENT.md, "torch.compile"): ``fullgraph=True`` so a graph break is an error, not a
 silent eager island; ``torch._dynamo.reset()`` and a fresh model per case; the first call (the
@@ -21,6 +22,7 @@ from torch import nn
 BACKENDS: dict[str, tuple[str | None, ...]] = {
     "eager": (None,),
     "compile": ("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
+    "cudagraph": (None,),
 }
 
 
@@ -28,6 +30,8 @@ def unavailable_reason(backend: str, compile_mode: str | None, device: torch.dev
     """Why ``backend``/``compile_mode`` cannot run on ``device``, or None when it can."""
     if backend == "compile" and compile_mode == "reduce-overhead" and device.type != "cuda":
         return "compile mode reduce-overhead uses CUDA graphs: no CUDA device here"
+    if backend == "cudagraph" and device.type != "cuda":
+        return "cudagraph captures CUDA work: no CUDA device here"
     return None
 
 
@@ -50,7 +54,7 @@ def prepare(model: nn.Module, backend: str, compile_mode: str | None) -> Prepare
     Raises:
         ValueError: unknown backend.
     """
-    if backend == "eager":
+    if backend in ("eager", "cudagraph"):  # cudagraph captures the eager step (harness.cudagraph)
         return Prepared(model)
     if backend == "compile":
         torch._dynamo.reset()  # no compiled code reused from an earlier case

@@ -16,8 +16,7 @@ from routers import ROUTERS, build_router, router_class, router_options
 from workloads.config import ConfigError, DecoderConfig
 
 from .backends import BACKENDS
-#: Step kinds: inference prefill, forward+backward.
-MODES = ("fwd", "fwd_bwd")
+from .modes import MODES
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class Case:
     Attributes:
         router: registered router name.
         cfg: the decoder shape (:class:`DecoderConfig`).
-        mode: ``"fwd"`` or ``"fwd_bwd"``.
+        mode: one of :data:`harness.modes.MODES`.
         backend: ``"eager"``.
         compile_mode: compile mode of the ``compile`` backend, else None.
         router_options: options passed to the router (JSON-able values).

@@ -18,6 +18,7 @@ from workloads.config import GRIDS, PRESETS, ConfigError, preset
 
 from . import cases as cases_mod
 from .env import default_device, device_slug, new_run_id, write_manifest
+from .paired import ORDERS, PAIRED_DEFAULT, timing_manifest
 from .records import RecordWriter, done_cases
 from .timing import TimingPolicy
 
@@ -121,6 +122,7 @@ def list_cmd() -> None:
 @click.option("--n-heads", type=int, default=None, help="Attention heads (default: the base shape's).")
 @click.option("--seq-len", type=int, default=None, help="Tokens per sequence (default: the base shape's).")
 @click.option("--batch-size", type=int, default=None, help="Sequences per step (default: the base shape's).")
+@click.option("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: the base shape's).")
 @click.option("--repeats", default=10, show_default=True, help="Timed steps kept per case.")
 @click.option("--warmup-s", default=0.5, show_default=True, help="Minimum warm-up seconds per case.")
 @click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if visible).")
@@ -133,9 +135,16 @@ def list_cmd() -> None:
 @click.option("--target-loss", default=DEFAULT_TRAIN["target_loss"], show_default=True, help="Race target (nats).")
 @click.option("--report/--no-report", default=True, show_default=True, help="Write the report at the end.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--paired/--no-paired", default=PAIRED_DEFAULT, show_default=True,
+              help="Time the routers of each backend, mode and shape interleaved with prenorm, for "
+                   "per-pair ratios with bootstrap CIs (holds a group's models at once; "
+                   "--no-paired times each case alone).")
+@click.option("--pair-order", type=click.Choice(ORDERS), default="ABBA", show_default=True,
+              help="Round order of --paired: ABBA reverses the order every round.")
 def run(preset_name, routers, router_options, backends, compile_modes, impls, modes, workload,
-        grad_checkpoint, widths, depths, n_heads, seq_len, batch_size, repeats, warmup_s,
-        device, out, run_id, no_flops, train, data, train_steps, target_loss, report, quiet) -> None:
+        grad_checkpoint, widths, depths, n_heads, seq_len, batch_size, dtype, repeats, warmup_s,
+        device, out, run_id, no_flops, train, data, train_steps, target_loss, report, quiet,
+        paired, pair_order) -> None:
     """Cost sweep (+ a short time-to-target race + report). With no options: this device's default suite."""
     from .sweep import SweepOptions, run_sweep
     from .train import TrainConfig
@@ -144,7 +153,8 @@ def run(preset_name, routers, router_options, backends, compile_modes, impls, mo
     grid = GRIDS["cuda-default" if dev.type == "cuda" else "cpu-default"]
     base = preset(preset_name) if preset_name else grid["base"]
     base = base.replace(n_heads=n_heads or base.n_heads, seq_len=seq_len or base.seq_len,
-                        batch_size=batch_size or base.batch_size, workload=workload,
+                        batch_size=batch_size or base.batch_size, dtype=dtype or base.dtype,
+                        workload=workload,
                         grad_checkpoint=grad_checkpoint)
     names = _csv(routers) or sorted(ROUTERS)
     policy = TimingPolicy(repeats=repeats, warmup_min_s=warmup_s)
@@ -168,10 +178,11 @@ def run(preset_name, routers, router_options, backends, compile_modes, impls, mo
         corpus = _load_corpus(data)  # fails here, before any model, when --data is wrong
     run_dir, run_id, resumed = _run_dir(out, dev, run_id)
     w = RecordWriter(run_dir, run_id, new_run_id(), base={"device": str(dev)})
-    write_manifest(run_dir, dev, {"run_id": run_id, "cases": len(sweep),
+    opts = SweepOptions(flops=not no_flops, timing=policy, paired=paired, pair_order=pair_order)
+    write_manifest(run_dir, dev, {"run_id": run_id, "cases": len(sweep), "timing": timing_manifest(opts),
                                   **({"corpus": _corpus_info(corpus)} if race else {})})
     click.echo(f"{'resuming' if resumed else 'writing'} {run_dir}  ({len(sweep)} cost cases)")
-    stats = run_sweep(sweep, dev, w, SweepOptions(flops=not no_flops, timing=policy), progress=not quiet)
+    stats = run_sweep(sweep, dev, w, opts, progress=not quiet)
     click.echo(f"cost sweep: {stats}")
     if race:
         _race(race[0], _json_options(router_options), corpus, race[1], [0], dev, w, quiet)
@@ -251,6 +262,102 @@ def train_cmd(preset_name, data, routers, router_options, target_loss, seeds, ma
         _report([run_dir], None)
 
 
+@main.command("profile")
+@click.option("--router", required=True, help="The router to profile (routerbench list).")
+@click.option("--router-options", default=None, help='JSON options of this router: {"n_blocks": 2}.')
+@click.option("--impl", default=None, help="Router implementation (default: the router's first).")
+@click.option("--backend", default="eager", show_default=True, help="eager, compile or cudagraph.")
+@click.option("--compile-mode", default="default", show_default=True, help="Mode of the compile backend.")
+@click.option("--mode", default="fwd_bwd", show_default=True, help="fwd, fwd_bwd, train_step or decode.")
+@click.option("--preset", "preset_name", default=None, help="Base shape (default: this device's grid base).")
+@click.option("--d-model", type=int, default=None, help="Width (default: the base shape's).")
+@click.option("--n-layers", type=int, default=None, help="Layers (default: the base shape's).")
+@click.option("--n-heads", type=int, default=None, help="Attention heads (default: the base shape's).")
+@click.option("--seq-len", type=int, default=None, help="Tokens per sequence (default: the base shape's).")
+@click.option("--batch-size", type=int, default=None, help="Sequences per step (default: the base shape's).")
+@click.option("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: the base shape's).")
+@click.option("--methods", default=None, help="Router-share methods: labels (eager), paired_difference, "
+              "router_only (default: labels on eager, the other two on compile/cudagraph).")
+@click.option("--wait", default=1, show_default=True, help="Profiler schedule: steps skipped.")
+@click.option("--warmup", default=2, show_default=True, help="Profiler schedule: steps traced and dropped.")
+@click.option("--active", default=3, show_default=True, help="Profiler schedule: steps traced and kept.")
+@click.option("--pairs", default=10, show_default=True, help="Interleaved A/B rounds (paired_difference, router_only).")
+@click.option("--memory-snapshot", is_flag=True, help="CUDA: dump the allocator history of one step "
+              "(memory_snapshot.pickle, for pytorch.org/memory_viz).")
+@click.option("--max-entries", default=100_000, show_default=True, help="Allocator events the snapshot keeps.")
+@click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if visible).")
+@click.option("--out", default="results", show_default=True, help="Results root.")
+@click.option("--run-id", default=None, help="Run id (the folder is profile-<run-id>).")
+def profile_cmd(router, router_options, impl, backend, compile_mode, mode, preset_name, d_model, n_layers,
+                n_heads, seq_len, batch_size, dtype, methods, wait, warmup, active, pairs, memory_snapshot,
+                max_entries, device, out, run_id) -> None:
+    """torch.profiler traces of one case and the router's share of its step time."""
+    from .backends import BACKENDS, unavailable_reason
+    from .modes import MODES
+    from .profile import check_methods, default_methods, profile_case
+
+    dev = _device(device)
+    if router not in ROUTERS:
+        raise ConfigError(f"--router: unknown router {router!r}; known routers: {', '.join(sorted(ROUTERS))}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == "compile" and compile_mode not in BACKENDS["compile"]:
+        raise ConfigError(f"--compile-mode: unknown mode {compile_mode!r}; known: {', '.join(BACKENDS['compile'])}")
+    cm = compile_mode if backend == "compile" else None
+    if mode not in MODES:
+        raise ConfigError(f"--mode: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    reason = unavailable_reason(backend, cm, dev)
+    if reason:
+        raise ConfigError(f"--backend {backend}: {reason}; use --backend eager or compile")
+    try:
+        opts = json.loads(router_options) if router_options else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--router-options must be JSON like '{{\"n_blocks\": 2}}': {exc}") from None
+    if not isinstance(opts, dict):
+        raise ConfigError("--router-options must be a JSON object of this router's options, "
+                          "e.g. '{\"n_blocks\": 2}'")
+    default_impl, opts = cases_mod.split_impl(router, opts)
+    impl = impl or default_impl
+    if impl not in router_class(router).impls:
+        raise ConfigError(f"--impl {impl!r}: router {router} offers {', '.join(router_class(router).impls)}")
+    for name, value, least in (("--wait", wait, 0), ("--warmup", warmup, 0), ("--active", active, 1),
+                               ("--pairs", pairs, 1), ("--max-entries", max_entries, 1)):
+        if value < least:
+            raise ConfigError(f"{name} must be >= {least}, got {value}")
+    try:
+        chosen = check_methods(_csv(methods) or default_methods(backend), backend, cm)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    grid = GRIDS["cuda-default" if dev.type == "cuda" else "cpu-default"]
+    base = preset(preset_name) if preset_name else grid["base"]
+    cfg = base.replace(d_model=d_model or base.d_model, n_layers=n_layers or base.n_layers,
+                       n_heads=n_heads or base.n_heads, seq_len=seq_len or base.seq_len,
+                       batch_size=batch_size or base.batch_size, dtype=dtype or base.dtype)
+    case = cases_mod.Case(router, cfg, mode, backend, cm, tuple(sorted(opts.items())), impl)
+    cases_mod.validate([case])  # builds the router only: checks its options
+    if memory_snapshot and dev.type != "cuda":
+        click.echo("--memory-snapshot: CUDA only, skipped on this CPU run")
+        memory_snapshot = False
+
+    run_id = f"profile-{run_id or new_run_id()}"
+    run_dir = Path(out) / device_slug(dev) / run_id
+    w = RecordWriter(run_dir, run_id, new_run_id(), base={"device": str(dev)})
+    write_manifest(run_dir, dev, {"run_id": run_id, "case": case.key, "methods": list(chosen),
+                                  "schedule": {"wait": wait, "warmup": warmup, "active": active}})
+    click.echo(f"writing {run_dir}")
+    try:
+        res = profile_case(case, dev, run_dir, wait=wait, warmup=warmup, active=active, writer=w,
+                           methods=chosen, pairs=pairs, memory_snapshot=memory_snapshot, max_entries=max_entries)
+    except torch.cuda.OutOfMemoryError as exc:
+        w.write(**case.columns(), metric="router_share", unit="%", status="oom", error=str(exc).splitlines()[0])
+        raise click.ClickException("out of CUDA memory: lower --batch-size, --seq-len or --d-model") from None
+    click.echo(res["table"].to_string(index=False, na_rep="–", float_format=lambda v: f"{v:.3f}"))
+    click.echo("router share: " + ", ".join(f"{m} {v:.1f} %" for m, v in res["router_share_by_method"].items()))
+    click.echo(f"trace: {res['trace_dir']}  (tensorboard --logdir, ui.perfetto.dev, HTA TraceAnalysis)")
+    if res["memory_snapshot"]:
+        click.echo(f"memory snapshot: {res['memory_snapshot']}  (pytorch.org/memory_viz)")
+
+
 @main.command("report")
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", default=None, help="Output dir (default: the run dir when one is given).")
@@ -263,6 +370,21 @@ def _report(run_dirs, out) -> None:
     from reports import build_report
     paths = build_report(run_dirs, out)
     click.echo("report: " + ", ".join(str(paths[k]) for k in ("report.html", "report.md") if k in paths))
+
+
+@main.command("summary")
+@click.argument("results", nargs=-1, required=True)
+def summary_cmd(results) -> None:
+    """Print step time per case: vs prenorm, vs eager, and compile/capture time apart."""
+    from reports.tables import backend_table, load_frame
+    t = backend_table(load_frame([Path(r) for r in results]))
+    if t.empty:
+        click.echo("no ok step_time rows")
+        return
+    t = t.assign(shape=t.apply(lambda r: f"d{r.d_model} L{r.n_layers} T{r.seq_len} B{r.batch_size}", axis=1),
+                 backend=t.backend + t.compile_mode.map(lambda m: f"[{m}]" if m else ""))
+    cols = ["shape", "mode", "backend", "router", "impl", "median_ms", "overhead_pct", "vs_eager", "setup_s"]
+    click.echo(t[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="–"))
 
 
 @main.group("data")

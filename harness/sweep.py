@@ -4,7 +4,9 @@ Per case, in separate passes (MEASUREMENT.md): parameter counts; fvcore forward 
 uncompiled model (once per router and shape); saved-activation bytes (``fwd_bwd``); CUDA peak
 memory in an untimed step; then warm-up and timed repeats. A failing case becomes an ``error`` or
 ``oom`` row and the sweep goes on; a finished case is marked done, so an interrupted sweep
-resumes where it stopped.
+resumes where it stopped. With ``SweepOptions.paired`` (the default) the routers of one backend,
+mode and shape are timed interleaved with their prenorm after each case's own set-up and warm-up
+(:mod:`harness.paired`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from workloads.decoder import Decoder, parameter_counts
 
 from . import backends
 from .cases import Case
+from .cudagraph import GraphedStep
 from .memory import cuda_peak_memory, model_tensors, saved_activation_bytes
-from .modes import make_step
+from .modes import make_step, prefill_for_decode
+from .paired import PAIRED_DEFAULT, run_paired_sweep
 from .records import RecordWriter, done_cases
 from .timing import TimingPolicy, time_steps, warm_up
 
@@ -35,11 +39,16 @@ class SweepOptions:
         flops: count fvcore forward FLOPs (skipped with a reason when fvcore is missing).
         memory: saved-activation bytes, and CUDA peak memory on CUDA.
         timing: warm-up and repeat policy.
+        paired: time the routers of each backend, mode and shape interleaved in ``ABBA`` rounds
+            with their prenorm (:mod:`harness.paired`); otherwise each case alone.
+        pair_order: ``"ABBA"`` or ``"ABAB"`` (:data:`harness.paired.ORDERS`).
     """
 
     flops: bool = True
     memory: bool = True
     timing: TimingPolicy = TimingPolicy()
+    paired: bool = PAIRED_DEFAULT
+    pair_order: str = "ABBA"
 
 
 def build_model(case: Case, device: torch.device) -> Decoder:
@@ -53,8 +62,25 @@ def _flops_key(case: Case) -> tuple:
 
 
 def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: RecordWriter) -> None:
-    """fvcore forward FLOPs of the uncompiled model (rows ``fwd_flops_fvcore``, ``router_flops_fvcore``)."""
+    """FLOPs of the uncompiled model, by two paths (docs/FLOPS.md).
+
+    Rows: ``fwd_flops_dispatch``, ``router_flops_dispatch`` (FLOP, :mod:`harness.flop_counter`,
+    needs only torch) and, for ``fwd_bwd`` / ``train_step``, ``bwd_flops_dispatch`` (FLOP of the
+    backward); ``fwd_flops_fvcore``, ``router_flops_fvcore`` (FMA, fvcore, skipped without it).
+    """
+    from .flop_counter import count_flops_dispatch
+
     cols = case.columns()
+    dc = count_flops_dispatch(model, (x,), backward=case.mode in ("fwd_bwd", "train_step"),
+                              strict=False)
+    if dc["unsupported"]:  # a kernel of another device or torch version: name it, go on
+        w.write(**cols, metric="fwd_flops_dispatch", unit="FLOP", status="error",
+                error=f"no FLOP rule for {sorted(dc['unsupported'])} (harness/flop_counter.py)")
+    else:
+        w.write(**cols, metric="fwd_flops_dispatch", value=dc["fwd_flops"], unit="FLOP")
+        w.write(**cols, metric="router_flops_dispatch", value=dc["router_fwd_flops"], unit="FLOP")
+        if dc["bwd_flops"] is not None:
+            w.write(**cols, metric="bwd_flops_dispatch", value=dc["bwd_flops"], unit="FLOP")
     try:
         from .flops import count_fwd_flops
     except ImportError as exc:  # fvcore is optional on a bare GPU box
@@ -91,8 +117,12 @@ def measure_router_costs(case: Case, model: Decoder, w: RecordWriter) -> None:
 
 
 def run_case(case: Case, device: torch.device, w: RecordWriter, opts: SweepOptions,
-             count_flops: bool = True) -> str:
-    """Measure one case; returns its final status (``ok``, ``oom`` or ``error``)."""
+             count_flops: bool = True, hold: dict | None = None) -> str:
+    """Measure one case; returns its final status (``ok``, ``oom`` or ``error``).
+
+    With ``hold`` the case stops after its warm-up and leaves its step in ``hold[case.key]``,
+    to be timed with the other cases of its group (:mod:`harness.paired`).
+    """
     cols = case.columns()
     reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
     if reason:
@@ -114,15 +144,23 @@ def run_case(case: Case, device: torch.device, w: RecordWriter, opts: SweepOptio
             model.train()
             saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
             w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
+        decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
         prepared = backends.prepare(model, case.backend, case.compile_mode)
-        step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs)
+        step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs,
+                         decode_input=decode_input)
         if case.backend == "compile":
             w.write(**cols, metric="compile_time", value=backends.first_call_seconds(step, device), unit="s")
             w.write(**cols, metric="graph_breaks", value=backends.graph_breaks(), unit="count")
+        elif case.backend == "cudagraph":
+            step = GraphedStep(model, case.mode, x, y, decode_input=decode_input)
+            w.write(**cols, metric="capture_time", value=step.capture_time_s, unit="s")
         if opts.memory and device.type == "cuda":
             for metric, value in cuda_peak_memory(step, device).items():
                 w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
         warm_up(step, device, opts.timing)
+        if hold is not None:
+            hold[case.key] = step
+            return "ok"
         with backends.recompile_guard(case.backend):
             times = time_steps(step, device, opts.timing.repeats)
         for i, ms in enumerate(times):
@@ -145,6 +183,8 @@ def run_sweep(cases: Iterable[Case], device: torch.device, w: RecordWriter,
               opts: SweepOptions = SweepOptions(), progress: bool = True) -> dict[str, int]:
     """Measure every case not yet done in ``w.run_dir``; returns a count per final status
     (``resumed`` counts the cases skipped because an earlier session finished them)."""
+    if opts.paired:
+        return run_paired_sweep(cases, device, w, opts, progress)
     cases = list(cases)
     done = done_cases(w.run_dir)
     stats: dict[str, int] = {"resumed": 0}

@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.records import MANIFEST_FILE
 
-from . import figures, tables
+from . import figures, paired, tables
 
 CPU_RACE_NOTE = "On CPU the race is a smoke test: the papers see gains only at 24–48 layers."
 
@@ -40,7 +40,11 @@ COLUMN_STYLE = {
     "median_time_to_target": ("median time to target (s)", "{:.1f}"),
     "min_s": ("min (s)", "{:.1f}"), "max_s": ("max (s)", "{:.1f}"),
     "median_loss_at_budget": ("median loss at budget", "{:.4f}"),
+    "tokens_per_s": ("tokens/s", "{:,.0f}"), "model_gflop": ("model GFLOP/step", "{:.3f}"),
+    "model_tflops": ("model TFLOP/s", "{:.3f}"), "device_name": ("device name", None),
+    "peak_tflops": ("peak BF16 TFLOP/s", "{:.0f}"), "mfu_pct": ("MFU (%)", "{:.2f}"),
 }
+COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
 #: Case columns that, when equal in every row, move into a sentence above the table.
 _COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "mode", "workload",
            *tables.SHAPE_COLS, "device", "seed")
@@ -209,8 +213,37 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
         _figure_block(figs.get("step_time_overhead_vs_width"), "step_time_overhead_vs_width",
                       "Step-time overhead vs prenorm by width"),
         _figure_block(figs.get("flops_vs_depth"), "flops_vs_depth", "Forward GFLOP by depth"),
-        _figure_block(figs.get("compile_vs_eager"), "compile_vs_eager", "Eager vs compiled"),
     ]
+    cost.blocks += [("subtitle", "Throughput and MFU"), (
+        "text", "tokens/s = tokens per step (B·T; B for decode) / median step. Model FLOP per "
+                "step (docs/FLOPS.md, \"MFU\"): per token 6·N + 12·L·d·T for fwd_bwd and "
+                "train_step (2·N + 4·L·d·T for fwd and decode), N = the sublayers' matrix "
+                "parameters, plus the router's analytic mixing (×3 when training). MFU = model "
+                "FLOP/s ÷ the device's dense BF16 peak, looked up by name; blank on CPU or an "
+                "unknown device.")]
+    cost.blocks += _table_blocks(tables.mfu_table(df, tables.load_manifests(run_dirs)),
+                                 "No timed cost cases.", drop=("variant",),
+                                 split=("run_id", "workload", "mode", "backend", "compile_mode"))
+    bt = tables.backend_table(df)
+    bt = bt[bt["backend"] != "eager"]
+    backends = Section("Backends: compiled and graph-replayed vs eager", [(
+        "text", "vs_eager = median step / the eager median of the same router, impl, mode and "
+                "shape (below 1 is faster); setup_s is the compile or CUDA-graph capture time, "
+                "never included in a step.")])
+    backends.blocks += _table_blocks(bt, "No compile or cudagraph rows in these runs.",
+                                     drop=("variant",), split=("run_id", "mode"))
+    backends.blocks.append(_figure_block(figs.get("compile_vs_eager"), "compile_vs_eager",
+                                         "Eager vs compiled"))
+    models = Section("Router cost models", [(
+        "text", "Per router and shape: analytic forward FLOP per token (naive reference, "
+                f"{tables.FLOP_CONVENTION}); residual-stream traffic per token and sublayer in "
+                "units of d elements: io_ideal_d is the ideal I/O model (each input read once, "
+                "each output written once, two-phase schedule; the AttnRes paper's Table 1 gives "
+                "3 for prenorm and 5.5 for Block AttnRes at 128 sublayers, N=8) and "
+                "io_measured_d what this impl's eager ops actually read and write; state_mib is "
+                "the peak live router state.")])
+    models.blocks += _table_blocks(tables.router_cost_table(df), "No router cost rows.",
+                                   drop=("variant",))
     train = Section("Training race: time to target loss", [("text", CPU_RACE_NOTE)])
     runs = tables.training_summary(df)
     train.blocks += _table_blocks(runs, "No training rows (mode train) in these runs.",
@@ -224,7 +257,13 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
     fails = Section("Skipped and failed cases", _table_blocks(
         tables.failures(df), "None: every case ran (not-converged training runs are listed "
                              "above)."))
-    return _title(df, env, run_dirs), [head, cost, train, fails]
+    pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
+    pairs.blocks += _table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
+                                  drop=("variant",), split=("run_id", "mode", "backend",
+                                                            "compile_mode"))
+    pairs.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm")
+                        if figs.get("paired_ratios") else ("text", paired.NO_DATA))
+    return _title(df, env, run_dirs), [head, cost, pairs, backends, models, train, fails]
 
 
 def render_markdown(title: str, sections: list[Section], out_dir: Path) -> str:
@@ -282,7 +321,8 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
 
     Returns:
         File name -> path of everything written: ``report.md``, ``report.html``,
-        ``overhead.csv`` and one ``<figure>.png`` per figure that had data.
+        ``overhead.csv``, ``paired.csv`` (:func:`reports.paired.paired_ratio_table`, when there
+        are paired step times) and one ``<figure>.png`` per figure that had data.
 
     Raises:
         ValueError: no run directory, or several and no ``out_dir`` (``routerbench report --out``).
@@ -301,8 +341,14 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
     overhead = out / "overhead.csv"
     tables.overhead_table(df).to_csv(overhead, index=False)
     written[overhead.name] = overhead
+    pairs = paired.paired_ratio_table(df)
+    if not pairs.empty:  # like a figure: only when the runs hold paired step times
+        pairs.to_csv(out / "paired.csv", index=False)
+        written["paired.csv"] = out / "paired.csv"
+    elif (out / "paired.csv").exists():
+        (out / "paired.csv").unlink()  # from an earlier report whose data is no longer here
     figs = {}
-    for name, fn in figures.FIGURES.items():
+    for name, fn in {**figures.FIGURES, **paired.FIGURES}.items():
         figs[name] = fn(df, out)
         stale = out / f"{name}.png"
         if figs[name] is None and stale.exists():

@@ -184,10 +184,11 @@ def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     t["gflop_fwd"] = 2 * t["fwd_fma"].astype(float) / 1e9
     t["router_flop_pct"] = t["router_fma"].astype(float) / t["fwd_fma"].astype(float) * 100
 
-    for metric, name in (("saved_activation", "saved_mib"), ("router_state", "router_state_mib"),
-                         ("peak_allocated", "peak_mib")):
-        m = _median(cost, metric, keys, name)
-        t = t.merge(m, on=keys, how="left")
+    for metric, name, on in (("saved_activation", "saved_mib", keys),
+                             ("router_state", "router_state_mib", list(STATIC_KEYS)),
+                             ("peak_allocated", "peak_mib", keys)):
+        m = _median(cost, metric, on, name)
+        t = t.merge(m, on=on, how="left")
         t[name] = t[name].astype(float) / MIB
     saved = t[t["router"] == BASELINE].groupby(list(BASE_KEYS), dropna=False)["saved_mib"].median()
     t = t.merge(saved.rename("prenorm_saved").reset_index(), on=list(BASE_KEYS), how="left")
@@ -197,6 +198,59 @@ def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
         t[metric] = t[metric].astype(float)
 
     return sort_cases(t)[cols].reset_index(drop=True)
+
+
+def backend_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Every cost case against prenorm and against its own eager run.
+
+    Args:
+        df: a frame of :func:`load_frame`.
+
+    Returns:
+        :data:`CASE_KEYS` + ``median_ms``, ``overhead_pct`` (vs prenorm, as in
+        :func:`overhead_table`), ``eager_ms`` and ``vs_eager`` (median / the eager median of the
+        same router, impl, mode, workload and shape in the same run; 1 for eager) and
+        ``setup_s`` (compile time or CUDA-graph capture time in seconds, never part of a step).
+    """
+    cols = [*CASE_KEYS, "median_ms", "overhead_pct", "eager_ms", "vs_eager", "setup_s"]
+    t = overhead_table(df)
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    same = [k for k in CASE_KEYS if k not in ("backend", "compile_mode")]
+    eager = t[t["backend"] == "eager"].groupby(same, dropna=False)["median_ms"].median()
+    t = t.merge(eager.rename("eager_ms").reset_index(), on=same, how="left")
+    t["vs_eager"] = t["median_ms"].astype(float) / t["eager_ms"].astype(float)
+    setup = pd.concat([_median(cost_rows(df), m, CASE_KEYS, "setup_s")
+                       for m in ("compile_time", "capture_time")])
+    t = t.merge(setup, on=list(CASE_KEYS), how="left")
+    return sort_cases(t)[cols].reset_index(drop=True)
+
+
+def router_cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The routers' own cost models, per router, impl and shape (from the cost-sweep rows).
+
+    Returns:
+        :data:`STATIC_KEYS` + ``flop_per_token`` (analytic router FLOP / (B·T), naive reference),
+        ``io_ideal_d`` and ``io_measured_d`` (bytes per token and sublayer in units of d
+        elements: the ideal I/O model of the AttnRes paper's Table 1, and what the eager ops of
+        this impl read and write), ``state_mib`` (peak live router state).
+    """
+    keys = list(STATIC_KEYS)
+    cols = [*keys, "flop_per_token", "io_ideal_d", "io_measured_d", "state_mib"]
+    cost = cost_rows(df)
+    t = ok_rows(cost, "router_io_ideal")[keys].drop_duplicates()
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    for metric, name in (("router_flops_analytic", "flop"), ("router_io_ideal", "ideal"),
+                         ("router_io_measured", "measured"), ("router_state", "state")):
+        t = t.merge(_median(cost, metric, keys, name), on=keys, how="left")
+    elem = t["dtype"].map({"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}).astype(float)
+    width = t["d_model"].astype(float) * elem
+    t["flop_per_token"] = t["flop"].astype(float) / (t["batch_size"] * t["seq_len"]).astype(float)
+    t["io_ideal_d"] = t["ideal"].astype(float) / width
+    t["io_measured_d"] = t["measured"].astype(float) / width
+    t["state_mib"] = t["state"].astype(float) / MIB
+    return t.sort_values(["workload", *SHAPE_COLS, "router", "impl"])[cols].reset_index(drop=True)
 
 
 #: Report order of backends; unknown ones come after, alphabetically.
@@ -294,3 +348,68 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
             "workload", "d_model", "n_layers", "metric", "status", "error"]
     bad = df[~df["status"].isin(["ok", "not_converged"])]
     return bad[cols].drop_duplicates().reset_index(drop=True)
+
+
+def load_manifests(run_dirs: Iterable[Path | str]) -> dict[str, dict]:
+    """The readable ``manifest.json`` of each run directory, keyed by its ``run_id`` (else the
+    directory name); runs without one are left out."""
+    from harness.records import MANIFEST_FILE
+
+    out: dict[str, dict] = {}
+    for d in map(Path, run_dirs):
+        try:
+            manifest = json.loads((d / MANIFEST_FILE).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        out[str(manifest.get("run_id") or d.name)] = manifest
+    return out
+
+
+def mfu_table(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> pd.DataFrame:
+    """Tokens/s and model FLOPs utilisation of every timed cost case (docs/FLOPS.md, "MFU").
+
+    Args:
+        df: a frame of :func:`load_frame`.
+        manifests: run_id -> manifest (:func:`load_manifests`); the device name is the
+            manifest's ``environment.device_name``.
+
+    Returns:
+        :data:`CASE_KEYS` + ``median_ms``, ``tokens_per_s`` (tokens per step / median step: B·T
+        for fwd, fwd_bwd, train_step; B for decode), ``model_gflop`` (model FLOP per step / 1e9,
+        :func:`harness.peak.model_flops_per_step`: 6·N + 12·L·d·T per token + 3 × the analytic
+        router FLOP for training steps, a third of that for fwd; N = ``params_matrix``),
+        ``model_tflops`` (model FLOP per second / 1e12), ``device_name``, ``peak_tflops``
+        (dense BF16, :func:`harness.peak.peak_flops`) and ``mfu_pct`` (%; NaN, shown blank,
+        for a CPU, an unknown device or a case without ``params_matrix`` or
+        ``router_flops_analytic`` rows).
+    """
+    from harness.peak import model_flops_per_step, peak_flops, tokens_per_step
+
+    cols = [*CASE_KEYS, "median_ms", "tokens_per_s", "model_gflop", "model_tflops",
+            "device_name", "peak_tflops", "mfu_pct"]
+    t = step_time_summary(df)[[*CASE_KEYS, "median_ms"]]
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    keys, cost = list(STATIC_KEYS), cost_rows(df)
+    for metric, name in (("params_matrix", "n_matrix"), ("router_flops_analytic", "router_flop")):
+        m = _median(cost, metric, keys, name)
+        t = t.merge(m, on=keys, how="left") if len(m) else t.assign(**{name: np.nan})
+    envs = {run: (m.get("environment") or {}) for run, m in (manifests or {}).items()}
+    names, peaks, flops, tokens = [], [], [], []
+    for r in t.itertuples(index=False):
+        env = envs.get(r.run_id, {})
+        names.append(env.get("device_name") or "")
+        peak = peak_flops(names[-1], env.get("device") or r.device)
+        peaks.append(np.nan if peak is None else peak / 1e12)
+        tokens.append(tokens_per_step(r.mode, int(r.batch_size), int(r.seq_len)))
+        flops.append(model_flops_per_step(
+            r.mode, n_matrix=float(r.n_matrix), n_layers=int(r.n_layers), d_model=int(r.d_model),
+            seq_len=int(r.seq_len), batch_size=int(r.batch_size),
+            router_fwd_flops=float(r.router_flop), attention=r.workload != "router_only"))
+    step_s = t["median_ms"].astype(float) / 1e3
+    t["tokens_per_s"] = np.array(tokens, dtype=float) / step_s
+    t["model_gflop"] = np.array(flops, dtype=float) / 1e9
+    t["model_tflops"] = np.array(flops, dtype=float) / step_s / 1e12
+    t["device_name"], t["peak_tflops"] = names, peaks
+    t["mfu_pct"] = t["model_tflops"] / t["peak_tflops"].astype(float) * 100
+    return sort_cases(t)[cols].reset_index(drop=True)

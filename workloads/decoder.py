@@ -8,6 +8,7 @@ final RMSNorm → LM head. Non-embedding matrix parameters: 4d² (attention) + 1
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -20,6 +21,16 @@ from routers import Router, build_router
 from .config import DecoderConfig
 
 NORM_EPS = 1e-6
+
+#: Wrap router and sublayer calls of :meth:`Decoder.forward` in ``torch.profiler.record_function``
+#: labels (``router.init/read/write/output``, ``sublayer.attn/mlp``). Off by default, switched on
+#: by ``harness.profile`` while it traces an eager step: with no profiler running a label still
+#: costs a few µs of dispatch, 6·L+2 of them per forward, which moves a small CPU step.
+PROFILE_LABELS = False
+
+
+def _label(name: str):
+    return torch.profiler.record_function(name) if PROFILE_LABELS else contextlib.nullcontext()
 
 
 def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
@@ -48,14 +59,41 @@ class Attention(nn.Module):
         cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim)
         self.register_buffer("cos", cos.to(cfg.torch_dtype), persistent=False)
         self.register_buffer("sin", sin.to(cfg.torch_dtype), persistent=False)
+        self.register_buffer("positions", torch.arange(cfg.seq_len), persistent=False)
+        self.register_buffer("k_cache", None, persistent=False)
+        self.register_buffer("v_cache", None, persistent=False)
 
-    def forward(self, h: Tensor) -> Tensor:
+    def setup_kv_cache(self, batch_size: int) -> None:
+        """Allocate a static KV cache (B, nh, seq_len, hs) on this module's device and dtype."""
+        hs = self.proj.in_features // self.n_heads
+        shape = (batch_size, self.n_heads, self.positions.numel(), hs)
+        w = self.proj.weight
+        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+
+    def forward(self, h: Tensor, pos: Tensor | None = None) -> Tensor:
+        """h (B, T, d) → u (B, T, d). With ``pos`` (T,) int64 the T tokens sit at those positions
+        and attend to the KV cache (decode); otherwise positions are 0..T-1 (a full causal
+        forward, which also fills the cache when one is set up)."""
         B, T, d = h.shape
         qkv = self.qkv(self.norm(h)).view(B, T, 3, self.n_heads, d // self.n_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                  # each (B, nh, T, hs)
-        cos, sin = self.cos[:T], self.sin[:T]
-        y = F.scaled_dot_product_attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v,
-                                           is_causal=True)
+        if pos is None:
+            cos, sin = self.cos[:T], self.sin[:T]
+        else:
+            cos, sin = self.cos[pos], self.sin[pos]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if pos is not None:
+            # In place on static buffers, so a decode step can be captured in a CUDA graph.
+            self.k_cache.index_copy_(2, pos, k.detach())
+            self.v_cache.index_copy_(2, pos, v.detach())
+            mask = self.positions.unsqueeze(0) <= pos.unsqueeze(1)      # (T, seq_len)
+            y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+        else:
+            if self.k_cache is not None:
+                self.k_cache[:, :, :T].copy_(k.detach())
+                self.v_cache[:, :, :T].copy_(v.detach())
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -70,7 +108,7 @@ class SwiGLU(nn.Module):
         self.up = nn.Linear(d, 4 * d, bias=False)
         self.down = nn.Linear(4 * d, d, bias=False)
 
-    def forward(self, h: Tensor) -> Tensor:
+    def forward(self, h: Tensor, pos: Tensor | None = None) -> Tensor:
         x = self.norm(h)
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
@@ -85,7 +123,7 @@ class GeluMLP(nn.Module):
         self.fc = nn.Linear(d, 4 * d, bias=False)
         self.down = nn.Linear(4 * d, d, bias=False)
 
-    def forward(self, h: Tensor) -> Tensor:
+    def forward(self, h: Tensor, pos: Tensor | None = None) -> Tensor:
         return self.down(F.gelu(self.fc(self.norm(h))))
 
 
@@ -96,7 +134,7 @@ class NormOnly(nn.Module):
         super().__init__()
         self.d = cfg.d_model
 
-    def forward(self, h: Tensor) -> Tensor:
+    def forward(self, h: Tensor, pos: Tensor | None = None) -> Tensor:
         return F.rms_norm(h, (self.d,), eps=NORM_EPS)
 
 
@@ -149,14 +187,31 @@ class Decoder(nn.Module):
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
             nn.init.normal_(p, mean=0.0, std=std)
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def setup_kv_cache(self, batch_size: int) -> None:
+        """Give every attention sublayer a static KV cache of ``cfg.seq_len`` positions."""
+        for f in self.sublayers:
+            if isinstance(f, Attention):
+                f.setup_kv_cache(batch_size)
+
+    def forward(self, idx: Tensor, pos: Tensor | None = None) -> Tensor:
+        """Token ids (B, T) → logits (B, T, V). ``pos`` (T,) int64 decodes the T tokens at those
+        positions against the KV cache (:meth:`setup_kv_cache`, filled by a forward without
+        ``pos``); the router mixes depth per token, so it needs no cache of its own."""
         r = self.router
-        state = r.init_state(self.embed(idx))
+        e = self.embed(idx)
+        with _label("router.init"):
+            state = r.init_state(e)
+        ckpt = self.cfg.grad_checkpoint and self.training and torch.is_grad_enabled()
         for slot, f in zip(r.slots, self.sublayers):
-            h = r.read(state, slot)
-            u = checkpoint(f, h, use_reentrant=False) if self.cfg.grad_checkpoint and self.training else f(h)
-            state = r.write(state, slot, u)
-        return self.lm_head(self.norm(r.output(state)))
+            with _label("router.read"):
+                h = r.read(state, slot)
+            with _label(f"sublayer.{slot.kind}"):
+                u = checkpoint(f, h, use_reentrant=False) if ckpt else f(h, pos)
+            with _label("router.write"):
+                state = r.write(state, slot, u)
+        with _label("router.output"):
+            h_out = r.output(state)
+        return self.lm_head(self.norm(h_out))
 
 
 def parameter_counts(model: Decoder) -> dict[str, int]:

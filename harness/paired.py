@@ -1,0 +1,386 @@
+"""Paired timing: variants interleaved in one process, ratios with bootstrap intervals.
+
+MEASUREMENT.md ("Timing"): a comparison (router vs ``prenorm``, compile vs eager) interleaves the
+variants in one process and reports the ratio per pair with a bootstrap confidence interval; run
+order alone shifted one public comparison by 10–13 % (csarofeen/pytorch#2242). Round ``i`` calls
+every variant once; index ``i`` of each variant's times is pair ``i``, so slow drift of the machine
+(clocks, other tenants, thermal state) hits both sides of a pair alike and cancels in their ratio.
+
+The bootstrap interval of :func:`bootstrap_ratio_ci` covers the noise *within one run*: it
+resamples that run's pairs and knows nothing of drift *between* runs on a shared machine. Agreement
+between runs is shown as a figure (``reports/paired.py``), never asserted by a test.
+
+In a sweep (:func:`run_paired_sweep`) the cases that share backend, compile mode, mode, workload,
+shape and seed form a group. Every case of a group is set up as in an unpaired sweep (parameters,
+FLOPs, memory, compile or capture time, its own warm-up: :func:`harness.sweep.run_case`), its step
+is kept, and then all the group's steps are timed interleaved; ``step_time`` rows get ``pair`` =
+``repeat`` = round. A group is one unit of resume: its cases are marked done after it is timed.
+
+Memory: a group's models (with their gradients, optimizer state, KV caches or CUDA-graph pools)
+are all resident while it is timed. On CPU, ~10 small models are nothing; on CUDA resident memory
+grows with the group (about 20 cases × (weights + grads) at the cuda-default grid's largest shape,
+~35 GiB in bf16), so a large shape that fits alone may OOM in a group: ``--no-paired`` times each
+case alone. Each case's ``peak_allocated``/``peak_reserved`` rows are written net of what the
+group's earlier steps hold, so they read as in an unpaired sweep (allocated exactly, reserved
+approximately: the allocator may reuse free space of segments the earlier steps hold).
+
+``compile`` with ``reduce-overhead`` is never paired: CUDA-graph trees are one tree and one memory
+pool per device, ``torch._dynamo.reset()`` per case tears them down, and a call of another
+compiled model may overwrite or re-record them (pytorch/pytorch#170604). Those cases are timed
+alone, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import traceback
+import unittest.mock
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import backends
+from .records import RecordWriter, done_cases
+from .timing import median_iqr, synchronize, time_steps
+
+if TYPE_CHECKING:
+    from .cases import Case
+    from .sweep import SweepOptions
+
+__all__ = ["ORDERS", "PAIRED_DEFAULT", "bootstrap_ratio_ci", "group_key", "median_iqr",
+           "round_order", "run_paired_sweep", "sm_clock_mhz", "time_paired", "timing_manifest"]
+
+#: ``ABBA``: the order reverses every round (A B, B A, A B, …), so neither side always runs first;
+#: ``ABAB``: the same order every round.
+ORDERS = ("ABBA", "ABAB")
+#: Paired timing is on by default (``routerbench run --paired/--no-paired``): it costs no extra
+#: timed steps, only one untimed interleaved round and the group's resident memory.
+PAIRED_DEFAULT = True
+#: The router every other router of a group is compared with.
+BASELINE = "prenorm"
+#: What the timed steps found in the caches: no L2 flush between steps, so each timed step runs
+#: right after another step (of another variant when paired). Recorded in the manifest.
+CACHE_STATE = "warm"
+
+
+def round_order(names: list[str], i: int, order: str = "ABBA") -> list[str]:
+    """The call order of round ``i``: ``names``, reversed on odd rounds under ``ABBA``.
+
+    Raises:
+        ValueError: unknown ``order``.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"--pair-order must be one of {', '.join(ORDERS)}, got {order!r}")
+    return list(reversed(names)) if order == "ABBA" and i % 2 else list(names)
+
+
+def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+                order: str = "ABBA", warmup_rounds: int = 0) -> dict[str, list[float]]:
+    """Time the ``steps`` interleaved: ``repeats`` rounds, each calling every step once.
+
+    Each call is timed exactly as :func:`harness.timing.time_steps` times one step (CUDA events
+    and a wait on the end event on CUDA, ``perf_counter_ns`` on CPU), so paired and unpaired
+    times mean the same thing; no host sync happens inside a timed call.
+
+    Args:
+        steps: variant name -> zero-argument step; dict order is the ``A B …`` order.
+        device: where the steps run.
+        repeats: rounds (pairs) kept.
+        order: ``"ABBA"`` or ``"ABAB"`` (see :data:`ORDERS`).
+        warmup_rounds: untimed rounds first (forward order).
+
+    Returns:
+        name -> ``repeats`` durations in ms; index ``i`` of every list is round ``i``.
+
+    Raises:
+        ValueError: unknown ``order`` or ``repeats < 1``.
+    """
+    names = list(steps)
+    round_order(names, 0, order)  # validates the order before anything runs
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    for _ in range(warmup_rounds):
+        for name in names:
+            steps[name]()
+        synchronize(device)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        for name in round_order(names, i, order):
+            out[name].append(time_steps(steps[name], device, 1)[0])
+    return out
+
+
+def bootstrap_ratio_ci(a: list[float], b: list[float], n_boot: int = 2000, conf: float = 0.95,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """Median per-pair ratio ``b_i / a_i`` with a percentile-bootstrap interval over pairs.
+
+    Pairs are resampled with replacement (a seeded ``numpy`` Generator), the median ratio is taken
+    of each resample, and the interval is the ``(1 − conf)/2`` and ``(1 + conf)/2`` percentiles
+    of those medians. It covers the noise within this one run, not drift between runs.
+
+    Args:
+        a: baseline times (e.g. prenorm), one per pair.
+        b: compared times, same pairs in the same order.
+        n_boot: bootstrap resamples.
+        conf: coverage of the interval, in (0, 1).
+        seed: seed of the resampling.
+
+    Returns:
+        ``(median_ratio, lo, hi)``; a single pair gives its ratio three times.
+
+    Raises:
+        ValueError: empty or unequal lengths, a non-positive baseline time, or ``conf`` outside
+            (0, 1).
+    """
+    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a_.ndim != 1 or a_.shape != b_.shape or a_.size == 0:
+        raise ValueError(f"need two equally long, non-empty lists of pairs, got {a_.size} and {b_.size}")
+    if not (a_ > 0).all():
+        raise ValueError("baseline times must be positive")
+    if not 0 < conf < 1:
+        raise ValueError(f"conf must be in (0, 1), got {conf}")
+    r = b_ / a_
+    stat = float(np.median(r))
+    if r.size == 1:
+        return stat, stat, stat
+    idx = np.random.default_rng(seed).integers(0, r.size, size=(n_boot, r.size))
+    boots = np.median(r[idx], axis=1)
+    lo, hi = np.percentile(boots, [50 * (1 - conf), 50 * (1 + conf)])
+    return stat, float(lo), float(hi)
+
+
+# --- the paired sweep ------------------------------------------------------------------------
+
+def group_key(case: "Case") -> tuple:
+    """What the cases of one paired group share: backend, compile mode, mode, the whole decoder
+    config (workload and shape) and seed; they differ in router, options and impl."""
+    return (case.backend, case.compile_mode, case.mode, case.cfg, case.seed)
+
+
+def pairable(case: "Case") -> bool:
+    """Whether the case can be timed in a group (``reduce-overhead`` cannot: see the module doc)."""
+    return not (case.backend == "compile" and case.compile_mode == "reduce-overhead")
+
+
+def _groups(cases: list["Case"]) -> list[list["Case"]]:
+    """Cases grouped by :func:`group_key` in order of first appearance (unpairable cases alone)."""
+    groups: dict[Any, list] = {}
+    for i, case in enumerate(cases):
+        groups.setdefault(group_key(case) if pairable(case) else ("alone", i), []).append(case)
+    return list(groups.values())
+
+
+def sm_clock_mhz(device: torch.device) -> float | None:
+    """The SM clock of a CUDA ``device`` in MHz (NVML via ``torch.cuda.clock_rate``, else
+    ``nvidia-smi`` matched by PCI bus id); ``None`` on CPU or when neither can tell. Read only:
+    clocks are never changed."""
+    if device.type != "cuda":
+        return None
+    try:
+        return float(torch.cuda.clock_rate(device))
+    except Exception:  # pynvml missing or NVML unusable: ask nvidia-smi
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,clocks.sm",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip().splitlines()
+        props = torch.cuda.get_device_properties(device)
+        want = (getattr(props, "pci_domain_id", None), getattr(props, "pci_bus_id", None),
+                getattr(props, "pci_device_id", None))
+        for line in out:
+            bus, mhz = (s.strip() for s in line.split(","))
+            dom, b, dev = bus.split(":")[0], bus.split(":")[1], bus.split(":")[2].split(".")[0]
+            if (int(dom, 16), int(b, 16), int(dev, 16)) == want or len(out) == 1:
+                return float(mhz)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        pass
+    return None
+
+
+def timing_manifest(opts: "SweepOptions") -> dict[str, Any]:
+    """The timing protocol of a session, for ``manifest.json``: cache state, pairing, warm-up."""
+    t = opts.timing
+    return {"cache_state": CACHE_STATE, "l2_flush": False, "paired": opts.paired,
+            "pair_order": opts.pair_order if opts.paired else None,
+            "repeats": t.repeats, "warmup_min_count": t.warmup_min_count,
+            "warmup_min_s": t.warmup_min_s}
+
+
+class _NetOfResident:
+    """A writer that subtracts the memory held by a group's earlier steps from a case's CUDA
+    peak-memory rows (see the module doc); everything else passes through."""
+
+    def __init__(self, w: RecordWriter, device: torch.device) -> None:
+        self._w = w
+        self._held = {"peak_allocated": torch.cuda.memory_allocated(device),
+                      "peak_reserved": torch.cuda.memory_reserved(device)}
+
+    def write(self, **row: Any) -> dict[str, Any]:
+        if row.get("metric") in self._held and row.get("value") is not None:
+            row["value"] = row["value"] - self._held[row["metric"]]
+        return self._w.write(**row)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._w, name)
+
+
+@contextlib.contextmanager
+def _compile_group(backend: str, n: int):
+    """Let the compiled models of one group live side by side.
+
+    ``backends.prepare`` resets dynamo per case, which would drop the earlier cases' compiled
+    code (and recompile it, in the timed region or at the recompile limit, silently eager). Here
+    dynamo is reset once before and once after the group; inside it, ``reset`` is a no-op, the
+    recompile limit fits the group (all models share ``Decoder.forward``'s code object, one cache
+    entry each; guards keep them apart), and automatic dynamic shapes are off so a later model's
+    parameter shapes cannot turn an earlier graph dynamic. The recompile guard still turns any
+    compile during timing into an error.
+    """
+    if backend != "compile":
+        yield
+        return
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # < 2.6
+    limit = max(getattr(cfg, name), n + 8)
+    torch._dynamo.reset()
+    try:
+        with cfg.patch(**{name: limit}, automatic_dynamic_shapes=False), \
+                unittest.mock.patch.object(torch._dynamo, "reset", lambda: None):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return str(exc).splitlines()[0]
+    last = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
+
+
+def _fail(case: "Case", w: RecordWriter, exc: BaseException) -> str:
+    status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
+    w.write(**case.columns(), metric="step_time", unit="ms", status=status, error=_error_text(exc))
+    return status
+
+
+def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], device: torch.device,
+               w: RecordWriter, opts: "SweepOptions") -> dict[str, str]:
+    """Time the kept steps of a group interleaved and write their rows.
+
+    The group's prenorm goes first (it is the ``A`` of every pair), the others follow in sweep
+    order; one untimed interleaved round re-warms every step after the other cases' set-up. Rows:
+    ``step_time`` per round (``repeat`` = ``pair`` = round; no ``pair`` when the group timed a
+    single step) and, on CUDA, ``sm_clock_mhz`` before (``repeat`` 0) and after (1) the rounds.
+    If the interleaved timing fails, each step is timed alone so the failure lands on its case.
+
+    Returns:
+        case key -> final status (``ok``, ``error`` or ``oom``).
+    """
+    by_key = {c.key: c for c in cases if c.key in steps}
+    keys = sorted(by_key, key=lambda k: by_key[k].router != BASELINE)  # stable: prenorm first
+    backend = cases[0].backend
+    clocks = [sm_clock_mhz(device)]
+    try:
+        with backends.recompile_guard(backend):
+            times = time_paired({k: steps[k] for k in keys}, device, opts.timing.repeats,
+                                opts.pair_order, warmup_rounds=1)
+        paired = len(keys) > 1
+    except Exception:  # one broken step must not take the group down: find it by timing alone
+        times, paired = {}, False
+    clocks.append(sm_clock_mhz(device))
+    status: dict[str, str] = {}
+    for k in keys:
+        case = by_key[k]
+        if k not in times:
+            try:
+                with backends.recompile_guard(backend):
+                    times[k] = time_steps(steps[k], device, opts.timing.repeats)
+            except Exception as exc:  # noqa: BLE001 - recorded as the case's error row
+                status[k] = _fail(case, w, exc)
+                continue
+        for i, ms in enumerate(times[k]):
+            w.write(**case.columns(), metric="step_time", value=ms, unit="ms", repeat=i,
+                    pair=i if paired else None)
+        for i, mhz in enumerate(clocks):
+            if mhz is not None:
+                w.write(**case.columns(), metric="sm_clock_mhz", value=mhz, unit="MHz", repeat=i)
+        status[k] = "ok"
+    return status
+
+
+def run_group(todo: list[tuple["Case", bool]], device: torch.device, w: RecordWriter,
+              opts: "SweepOptions", run_case: Callable[..., str]) -> dict[str, str]:
+    """Set up every case of one group (``run_case`` with ``hold``), then time the kept steps
+    together (:func:`time_group`); marks every case done afterwards.
+
+    Args:
+        todo: (case, count its router's FLOPs here) for the group's unfinished cases.
+        run_case: :func:`harness.sweep.run_case` (passed in: ``harness.sweep`` imports this
+            module).
+
+    Returns:
+        case key -> final status.
+    """
+    cases = [c for c, _ in todo]
+    held: dict[str, Callable[[], object]] = {}
+    status: dict[str, str] = {}
+    try:
+        with _compile_group(cases[0].backend, len(cases)):
+            for case, first in todo:
+                cw = _NetOfResident(w, device) if held and device.type == "cuda" else w
+                status[case.key] = run_case(case, device, cw, opts, count_flops=first, hold=held)
+            if held:
+                status.update(time_group(cases, held, device, w, opts))
+    finally:
+        held.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for case in cases:  # after the whole group: an interrupted group is redone as a unit
+        w.mark_done(case.key)
+    return status
+
+
+def run_paired_sweep(cases: Iterable["Case"], device: torch.device, w: RecordWriter,
+                     opts: "SweepOptions", progress: bool = True) -> dict[str, int]:
+    """:func:`harness.sweep.run_sweep` with paired timing: same resume and FLOP bookkeeping, one
+    group at a time. Cases finished by an earlier session are never redone; a group's unfinished
+    cases are timed together (pairs never span sessions; the report pairs rows by session).
+
+    Returns:
+        a count per final status, ``resumed`` for the cases an earlier session finished.
+    """
+    from .sweep import _flops_key, run_case  # harness.sweep imports this module
+
+    cases = list(cases)
+    done = done_cases(w.run_dir)
+    stats: dict[str, int] = {"resumed": 0}
+    flops_seen: set = set()
+    first_of: dict[str, bool] = {}
+    for case in cases:  # FLOPs at the first case of each router and shape, in sweep order
+        fk = _flops_key(case)
+        first_of[case.key] = fk not in flops_seen
+        flops_seen.add(fk)
+    bar = tqdm(total=len(cases), desc="cost sweep (paired)", unit="case", disable=not progress)
+    for group in _groups(cases):
+        todo = [(c, first_of[c.key]) for c in group if c.key not in done]
+        stats["resumed"] += len(group) - len(todo)
+        bar.update(len(group) - len(todo))
+        if not todo:
+            continue
+        c = todo[0][0]
+        bar.set_postfix_str(f"{len(todo)} routers d={c.cfg.d_model} L={c.cfg.n_layers} {c.mode} "
+                            f"{c.backend}")
+        if pairable(c):
+            statuses = list(run_group(todo, device, w, opts, run_case).values())
+        else:  # timed alone, exactly as in an unpaired sweep
+            statuses = [run_case(c, device, w, opts, count_flops=todo[0][1])]
+            w.mark_done(c.key)
+        for s in statuses:
+            stats[s] = stats.get(s, 0) + 1
+        bar.update(len(todo))
+    bar.close()
+    return stats

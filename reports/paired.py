@@ -1,0 +1,183 @@
+"""Paired timing results: each router's per-pair ratio to prenorm with a bootstrap interval.
+
+Rows come from :mod:`harness.paired`: ``step_time`` rows with a ``pair`` column, written by one
+session that timed a group (same run, backend, compile mode, mode, workload, shape, seed) in
+interleaved rounds. A router's round ``i`` is divided by prenorm's round ``i`` of the same session;
+the table gives the median of those ratios with a percentile-bootstrap interval over pairs
+(:func:`harness.paired.bootstrap_ratio_ci`), and each side's median and IQR over the same pairs.
+
+The interval covers noise within one run, not drift between runs (MEASUREMENT.md, "Timing"):
+with two or more runs of the same cases the figure puts their ratios side by side, so agreement
+is shown, never asserted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from harness.paired import bootstrap_ratio_ci, median_iqr  # noqa: E402
+
+from . import tables  # noqa: E402
+
+#: Rows timed together: one session of one run at one setting and shape.
+PAIR_KEYS = ("run_id", "session", "backend", "compile_mode", "mode", "workload",
+             *tables.SHAPE_COLS, "device", "seed")
+VARIANT_KEYS = ("router", "options", "impl", "variant")
+#: What must match for two runs' ratios to be the same case (run, session and device may differ).
+SAME_CASE = ("backend", "compile_mode", "mode", "workload", *tables.SHAPE_COLS, "seed", "variant")
+CONF = 0.95
+COLUMNS = [*(k for k in PAIR_KEYS if k != "session"), *VARIANT_KEYS, "pairs", "median_ms",
+           "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi"]
+
+#: Report headers and number formats (merged into :data:`reports.render.COLUMN_STYLE`).
+COLUMN_STYLE = {
+    "pairs": ("pairs", None), "prenorm_iqr_ms": ("prenorm IQR (ms)", "{:.3f}"),
+    "ratio": ("ratio to prenorm (median of pairs)", "{:.3f}"),
+    "ratio_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "ratio_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
+}
+METHOD = (f"Paired timing: in each run, the routers of one backend, mode and shape were timed "
+          f"interleaved with prenorm in one process (ABBA rounds unless the manifest says "
+          f"otherwise). ratio = median over rounds of router time / prenorm time of the same "
+          f"round, with a {CONF:.0%} percentile-bootstrap interval over rounds; medians and IQRs "
+          f"are over the same rounds. The interval covers noise within one run, not drift "
+          f"between runs: the figure shows how repeated runs agree.")
+NO_TABLE = ("No paired step times (rows with a pair column and a prenorm in the same group): "
+            "run `routerbench run --paired` with prenorm among --routers.")
+NO_DATA = "No data for this figure: it needs paired step times of prenorm and another router."
+
+
+def paired_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The ``ok`` ``step_time`` rows of the cost sweep that carry a ``pair``, values in ms."""
+    st = tables.ok_rows(tables.cost_rows(df), "step_time")
+    st = st[st["pair"].notna()]
+    return st.assign(value=st["value"] * st["unit"].map(tables.TO_MS).fillna(1.0))
+
+
+def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
+                       seed: int = 0) -> pd.DataFrame:
+    """Every paired router against the prenorm of its group, pair by pair.
+
+    Args:
+        df: a frame of :func:`reports.tables.load_frame`.
+        n_boot, conf, seed: of :func:`harness.paired.bootstrap_ratio_ci`.
+
+    Returns:
+        :data:`COLUMNS`: the group and variant, ``pairs`` (rounds present on both sides),
+        ``median_ms``/``iqr_ms`` (router) and ``prenorm_ms``/``prenorm_iqr_ms`` over those
+        rounds, ``ratio`` (median of router/prenorm per round), ``ratio_lo``/``ratio_hi`` (the
+        bootstrap interval). Groups without prenorm give no rows; empty input, an empty frame.
+    """
+    rows = paired_rows(df)
+    out = []
+    for gk, g in rows.groupby(list(PAIR_KEYS), dropna=False, sort=False):
+        base_rows = g[g["router"] == tables.BASELINE]
+        if base_rows.empty:
+            continue
+        # one prenorm per group; should several variants exist, the first in name order
+        base_rows = base_rows[base_rows["variant"] == sorted(base_rows["variant"].unique())[0]]
+        base = base_rows.groupby("pair")["value"].median()
+        for vk, v in g[g["router"] != tables.BASELINE].groupby(list(VARIANT_KEYS), sort=False):
+            mine = v.groupby("pair")["value"].median()
+            common = mine.index.intersection(base.index).sort_values()
+            if common.empty:
+                continue
+            a, b = base[common].tolist(), mine[common].tolist()
+            ratio, lo, hi = bootstrap_ratio_ci(a, b, n_boot=n_boot, conf=conf, seed=seed)
+            (med, iqr), (bmed, biqr) = median_iqr(b), median_iqr(a)
+            out.append({**dict(zip(PAIR_KEYS, gk)), **dict(zip(VARIANT_KEYS, vk)),
+                        "pairs": len(common), "median_ms": med, "iqr_ms": iqr, "prenorm_ms": bmed,
+                        "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi})
+    if not out:
+        return pd.DataFrame(columns=COLUMNS)
+    return tables.sort_cases(pd.DataFrame(out))[COLUMNS].reset_index(drop=True)
+
+
+def _panel(t: pd.DataFrame) -> pd.Series:
+    """One panel per setting and shape; only the shape columns that vary are named."""
+    label = t["mode"] + " · " + t["backend"].where(t["compile_mode"] == "",
+                                                  t["backend"] + ":" + t["compile_mode"])
+    if t["workload"].nunique() > 1:
+        label = label + " · " + t["workload"]
+    for col, short in (("d_model", "d"), ("n_layers", "L"), ("seq_len", "T"),
+                       ("batch_size", "B"), ("dtype", "")):
+        if t[col].nunique() > 1 or col in ("d_model", "n_layers"):
+            label = label + f" {short}" + t[col].astype(str)
+    return label
+
+
+def _draw(data: pd.DataFrame, runs: list[str], palette: dict, **_) -> None:
+    """Points at each ratio with its interval as error bars; runs dodged along y."""
+    ax = plt.gca()
+    variants = sorted(data["variant"].unique())
+    y0 = data["variant"].map({v: i for i, v in enumerate(variants)}).astype(float)
+    present = [r for r in runs if r in set(data["run_id"])]
+    for j, run in enumerate(present):
+        d = data["run_id"] == run
+        off = (j - (len(present) - 1) / 2) * 0.5 / max(len(present), 1)
+        r = data.loc[d, "ratio"].astype(float)
+        err = [(r - data.loc[d, "ratio_lo"].astype(float)).clip(lower=0),
+               (data.loc[d, "ratio_hi"].astype(float) - r).clip(lower=0)]
+        ax.errorbar(r, y0[d] + off, xerr=err, fmt="o", capsize=3, color=palette[run], label=run)
+    ax.axvline(1.0, color="0.4", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(variants)), variants)
+    ax.set_ylim(len(variants) - 0.5, -0.5)  # first variant on top
+
+
+def paired_ratio_figure(df: pd.DataFrame, out_dir: Path | str,
+                        table: pd.DataFrame | None = None) -> Path | None:
+    """Per-pair ratio to prenorm with its bootstrap interval, one panel per setting and shape.
+
+    With two or more runs holding the same cases (:data:`SAME_CASE`), only those cases are drawn
+    and the runs sit side by side (hue = run id): agreement between runs is shown, not tested.
+    With one run, every paired router of it.
+
+    Returns:
+        ``<out_dir>/paired_ratios.png``, or ``None`` without paired rows.
+    """
+    t = paired_ratio_table(df) if table is None else table
+    if t.empty:
+        return None
+    t = t.copy()
+    shared = t.groupby(list(SAME_CASE), dropna=False)["run_id"].transform("nunique") > 1
+    compare = bool(shared.any())
+    if compare:
+        t = t[shared]
+    t["panel"] = _panel(t)
+    runs = sorted(t["run_id"].unique())
+    palette = dict(zip(runs, sns.color_palette("tab10" if len(runs) <= 10 else "husl", len(runs))))
+    n_panels = t["panel"].nunique()
+    g = sns.FacetGrid(t, col="panel", col_wrap=min(3, n_panels), sharex=False, sharey=False,
+                      height=0.45 * t.groupby("panel")["variant"].nunique().max() + 1.6,
+                      aspect=1.5)
+    g.map_dataframe(_draw, runs=runs, palette=palette)
+    g.set_titles("{col_name}")
+    g.set_axis_labels("step time / prenorm", "")
+    handles, labels = g.axes.flat[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    for ax in g.axes.flat[1:]:
+        for h, lbl in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lbl, h)
+    g.figure.legend(list(seen.values()), list(seen), title="run", loc="upper left",
+                    bbox_to_anchor=(1.0, 0.95), frameon=False)
+    g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI"
+                      + (", repeated runs side by side" if compare else ""), y=1.03)
+    path = Path(out_dir) / "paired_ratios.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    g.figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(g.figure)
+    return path
+
+
+#: Figures of this module, by name (the report adds them to :data:`reports.figures.FIGURES`).
+FIGURES = {"paired_ratios": paired_ratio_figure}
+
+__all__ = ["paired_rows", "paired_ratio_table", "paired_ratio_figure", "FIGURES", "COLUMN_STYLE",
+           "METHOD", "NO_DATA", "NO_TABLE"]

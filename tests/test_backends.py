@@ -1,0 +1,181 @@
+"""Backends: compile and CUDA-graph replay compute what eager computes; their guards and rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import harness.sweep as sweep
+from harness import backends
+from harness.cases import expand
+from harness.cudagraph import CaptureError, GraphedStep, StaticInputs, preflight
+from harness.modes import lm_loss, make_step, prefill_for_decode
+from harness.records import RecordWriter, read_jsonl
+from harness.sweep import SweepOptions, run_sweep
+from harness.timing import TimingPolicy
+from routers import ROUTERS, router_options
+from workloads.config import DecoderConfig
+from workloads.decoder import Decoder
+
+CFG = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
+FAST = SweepOptions(flops=False, timing=TimingPolicy(warmup_min_count=2, warmup_min_s=0.0, repeats=3))
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# every router once, plus the two-phase path of the detail router with the most sources
+VARIANTS = [(n, "naive") for n in sorted(ROUTERS)] + [("wav_v1", "two_phase")]
+
+
+def model_for(name, impl, device="cpu"):
+    torch.manual_seed(0)
+    opts = {"impl": impl} if "impl" in router_options(name) else {}
+    m = Decoder(CFG, name, opts).to(device)
+    with torch.no_grad():  # non-trivial router parameters
+        for p in m.router.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    return m
+
+
+def batch(device="cpu"):
+    x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(2)).to(device)
+    return x, torch.roll(x, -1, dims=1)
+
+
+def outputs_and_grads(model, x, y):
+    logits = model(x)
+    loss = lm_loss(logits, y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return logits.detach(), loss.detach(), grads
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name,impl", VARIANTS)
+def test_compile_equals_eager(name, impl):
+    eager = model_for(name, impl).train()
+    x, y = batch()
+    ref = outputs_and_grads(eager, x, y)
+    compiled = backends.prepare(model_for(name, impl).train(), "compile", "default").model
+    got = outputs_and_grads(compiled, x, y)
+    assert backends.graph_breaks() == 0
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-6)
+    for a, b in zip(got[2], ref[2]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.compile
+def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypatch):
+    """A shape change after warm-up makes dynamo recompile; the guard turns it into an error."""
+    real = sweep.make_step
+    calls = {"n": 0}
+
+    def shape_changing_step(model, mode, x, y, **kw):
+        steps = [real(model, mode, x, y, **kw), real(model, mode, x[:, :4], y[:, :4], **kw)]
+
+        def step():
+            calls["n"] += 1
+            return steps[calls["n"] > 3]()  # compile + 2 warm-up steps, then a new shape
+        return step
+
+    monkeypatch.setattr(sweep, "make_step", shape_changing_step)
+    w = RecordWriter(tmp_path, "run", "s")
+    case = expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["compile"])
+    assert run_sweep(case, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1}
+    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    assert not ((rows.metric == "step_time") & (rows.status == "ok")).any()
+    err = rows[rows.status == "error"].error.iloc[0]
+    assert "Recompil" in err or "recompil" in err, err
+    assert rows[rows.metric == "compile_time"].value.iloc[0] > 0
+
+
+def test_backends_that_cannot_run_here_are_skipped_rows(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: nothing is skipped")
+    cases = (expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["cudagraph"])
+             + expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["compile"],
+                      compile_modes=["reduce-overhead"]))
+    w = RecordWriter(tmp_path, "run", "s")
+    assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "skipped": 2}
+    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    assert rows.status.tolist() == ["skipped", "skipped"]
+    assert "no CUDA device" in rows.error.iloc[0] and "reduce-overhead" in rows.error.iloc[1]
+
+
+def test_capture_failure_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    def failing(*a, **k):
+        raise CaptureError("capture of mode fwd failed: synthetic cause")
+
+    monkeypatch.setattr(sweep, "GraphedStep", failing)
+    monkeypatch.setattr(backends, "unavailable_reason", lambda *a: None)  # pretend CUDA is here
+    cases = expand(["prenorm", "haares"], CFG, [16], [2], ["fwd"], backends=["cudagraph"])
+    w = RecordWriter(tmp_path, "run", "s")
+    assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 2}
+    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    assert (rows[rows.status == "error"].error.str.contains("synthetic cause")).all()
+
+
+def test_static_inputs_refill_in_place_and_reject_new_shapes():
+    x, y = batch()
+    st = StaticInputs(x, y)
+    ptrs = [b.data_ptr() for b in st.buffers]
+    x2, y2 = x + 1, y + 2
+    st.refill(x2, y2)
+    assert [b.data_ptr() for b in st.buffers] == ptrs
+    assert torch.equal(st.buffers[0], x2) and torch.equal(st.buffers[1], y2)
+    with pytest.raises(ValueError, match="capture again"):
+        st.refill(x[:, :4], y)
+    with pytest.raises(ValueError, match="expected 2 inputs"):
+        st.refill(x)
+
+
+def test_graphed_step_and_preflight_on_cpu():
+    x, y = batch()
+    with pytest.raises(CaptureError, match="needs a CUDA device"):
+        GraphedStep(model_for("prenorm", "naive"), "fwd", x, y)
+    ran = []
+    preflight(lambda: ran.append(1), torch.device("cpu"))
+    assert ran == [1]
+
+
+# --- CUDA only ----------------------------------------------------------------------------------
+@CUDA
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,impl", VARIANTS)
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd", "decode"])
+def test_cudagraph_equals_eager(name, impl, mode):
+    x, y = batch("cuda")
+    eager, graphed = model_for(name, impl, "cuda"), model_for(name, impl, "cuda")
+    dec_e = prefill_for_decode(eager, x) if mode == "decode" else None
+    dec_g = prefill_for_decode(graphed, x) if mode == "decode" else None
+    ref = make_step(eager, mode, x, y, decode_input=dec_e)()
+    g = GraphedStep(graphed, mode, x, y, decode_input=dec_g)
+    out = g()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert g.capture_time_s > 0
+    if mode == "fwd_bwd":
+        for pe, pg in zip(eager.parameters(), graphed.parameters()):
+            torch.testing.assert_close(pg.grad, pe.grad, rtol=1e-3, atol=1e-5)
+        g.static.refill(*batch("cuda"))  # new data, same addresses: replay again
+        torch.testing.assert_close(g(), ref, rtol=1e-4, atol=1e-5)
+
+
+@CUDA
+@pytest.mark.cuda
+def test_cudagraph_train_step_trains():
+    x, y = batch("cuda")
+    g = GraphedStep(model_for("haares", "two_phase", "cuda"), "train_step", x, y)
+    losses = [g().item() for _ in range(10)]
+    assert losses[-1] < losses[0]
+
+
+@CUDA
+@pytest.mark.cuda
+@pytest.mark.compile
+@pytest.mark.parametrize("name,impl", [("prenorm", "naive"), ("haares", "two_phase")])
+def test_reduce_overhead_equals_eager(name, impl):
+    x, y = batch("cuda")
+    ref = make_step(model_for(name, impl, "cuda"), "fwd", x, y)()
+    prepared = backends.prepare(model_for(name, impl, "cuda"), "compile", "reduce-overhead")
+    step = make_step(prepared.model, "fwd", x, y, clone_outputs=prepared.clone_outputs)
+    outs = [step() for _ in range(3)]  # kept outputs must survive later replays
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)

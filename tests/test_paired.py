@@ -1,0 +1,261 @@
+"""Paired timing: the bootstrap interval on seeded synthetic samples, the ABBA call order, the
+paired sweep's rows and resume, and the report's per-pair ratio."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import harness.paired as paired
+from harness.cases import expand
+from harness.cli import main
+from harness.records import RecordWriter, load_rows, read_jsonl
+from harness.sweep import SweepOptions, run_sweep
+from harness.timing import TimingPolicy
+from reports import build_report, load_frame, paired_ratio_figure, paired_ratio_table
+from workloads.config import DecoderConfig
+
+TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
+TIMING = TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=3)
+PAIRED = SweepOptions(flops=False, timing=TIMING, paired=True)
+CPU = torch.device("cpu")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --- bootstrap -------------------------------------------------------------------------------
+
+def test_bootstrap_interval_covers_the_true_ratio_at_its_nominal_rate():
+    """400 seeded draws of 30 pairs: lognormal noise on each side around a true ratio of 1.2,
+    plus a drift shared by both sides of a pair (which pairing cancels). The 95 % interval must
+    cover the true median ratio in 90–99 % of the draws."""
+    rng = np.random.default_rng(12345)
+    true_ratio, hits, draws = 1.2, 0, 400
+    for i in range(draws):
+        drift = np.exp(rng.normal(0.0, 0.3, 30))  # the machine slows and speeds up
+        a = 10.0 * drift * np.exp(rng.normal(0.0, 0.05, 30))
+        b = true_ratio * 10.0 * drift * np.exp(rng.normal(0.0, 0.05, 30))
+        med, lo, hi = paired.bootstrap_ratio_ci(a.tolist(), b.tolist(), seed=i)
+        assert lo <= med <= hi
+        hits += lo <= true_ratio <= hi
+    assert 0.90 <= hits / draws <= 0.99, hits / draws
+
+
+def test_bootstrap_edge_cases():
+    assert paired.bootstrap_ratio_ci([1.0, 2.0, 3.0], [1.2, 2.4, 3.6]) == pytest.approx((1.2,) * 3)
+    assert paired.bootstrap_ratio_ci([2.0], [3.0]) == (1.5, 1.5, 1.5)
+    # seeded: the same call gives the same interval
+    a, b = [1.0, 1.1, 0.9, 1.05, 1.2], [1.3, 1.2, 1.1, 1.4, 1.25]
+    assert paired.bootstrap_ratio_ci(a, b, seed=3) == paired.bootstrap_ratio_ci(a, b, seed=3)
+    with pytest.raises(ValueError, match="equally long"):
+        paired.bootstrap_ratio_ci([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        paired.bootstrap_ratio_ci([0.0], [1.0])
+    with pytest.raises(ValueError, match="conf"):
+        paired.bootstrap_ratio_ci([1.0], [1.0], conf=1.5)
+
+
+# --- interleaving ----------------------------------------------------------------------------
+
+def recording(names, calls):
+    return {n: (lambda n=n: calls.append(n)) for n in names}
+
+
+def test_time_paired_interleaves_abba():
+    calls: list[str] = []
+    times = paired.time_paired(recording("AB", calls), CPU, repeats=4)
+    assert "".join(calls) == "ABBAABBA"
+    assert set(times) == {"A", "B"} and all(len(v) == 4 and min(v) >= 0 for v in times.values())
+    calls.clear()
+    paired.time_paired(recording("ABC", calls), CPU, repeats=3)
+    assert "".join(calls) == "ABCCBAABC"  # ABBA with three: forward, reversed, forward
+    calls.clear()
+    paired.time_paired(recording("AB", calls), CPU, repeats=3, order="ABAB", warmup_rounds=1)
+    assert "".join(calls) == "AB" + "ABABAB"  # one untimed round first
+    with pytest.raises(ValueError, match="--pair-order"):
+        paired.time_paired(recording("AB", calls), CPU, repeats=2, order="AABB")
+
+
+def test_round_i_of_each_variant_is_pair_i():
+    """Each variant's list index is its round: a step that slows down every round shows it."""
+    clock = {"n": 0}
+
+    def slowing():
+        clock["n"] += 1
+        x = 0
+        for _ in range(20_000 * clock["n"]):
+            x += 1
+    times = paired.time_paired({"A": slowing, "B": slowing}, CPU, repeats=4)
+    assert times["A"][3] > times["A"][0] and times["B"][3] > times["B"][0]
+
+
+# --- the paired sweep ------------------------------------------------------------------------
+
+def test_paired_sweep_writes_pair_columns_with_prenorm_first(tmp_path, monkeypatch):
+    seen = []
+    real = paired.time_paired
+
+    def spy(steps, *a, **k):
+        seen.append(list(steps))
+        return real(steps, *a, **k)
+
+    monkeypatch.setattr(paired, "time_paired", spy)
+    cases = expand(["haares", "prenorm"], TINY, [16], [2], ["fwd", "fwd_bwd"])
+    w = RecordWriter(tmp_path, "run", "s1", base={"device": "cpu"})
+    assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 4}
+    assert len(seen) == 2  # one group per mode
+    for keys in seen:
+        assert keys[0].startswith("prenorm|") and keys[1].startswith("haares|")
+    rows = pd.DataFrame(load_rows([tmp_path]))
+    st = rows[rows.metric == "step_time"]
+    assert len(st) == 4 * 3 and (st.status == "ok").all()
+    assert (st.pair == st.repeat).all() and sorted(set(st.pair)) == [0, 1, 2]
+    assert st.groupby(["router", "mode"]).pair.apply(sorted).map(list).tolist() == [[0, 1, 2]] * 4
+    # every other measurement of a case is still there; no clock rows on a CPU
+    assert set(rows.metric) >= {"params_matrix", "router_state", "saved_activation", "step_time"}
+    assert "sm_clock_mhz" not in set(rows.metric)
+    done = [json.loads(x) for x in (tmp_path / "done.jsonl").read_text().splitlines()]
+    assert {d["case_key"] for d in done} == {c.key for c in cases}
+
+
+def test_resume_skips_a_finished_paired_group(tmp_path):
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
+    w1 = RecordWriter(tmp_path, "run", "s1")
+    assert run_sweep(cases, CPU, w1, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
+    n_rows = len(read_jsonl(tmp_path / "records.jsonl"))
+    w2 = RecordWriter(tmp_path, "run", "s2")
+    assert run_sweep(cases, CPU, w2, PAIRED, progress=False) == {"resumed": 2}
+    assert len(read_jsonl(tmp_path / "records.jsonl")) == n_rows
+
+
+def test_interrupted_group_is_redone_and_finished_cases_are_not(tmp_path):
+    cases = expand(["prenorm", "haares", "block_attnres"], TINY, [16], [2], ["fwd"])
+    w1 = RecordWriter(tmp_path, "run", "s1")
+    # an earlier session finished prenorm alone, then died inside the group's timing
+    assert run_sweep(cases[:1], CPU, w1, PAIRED, progress=False) == {"resumed": 0, "ok": 1}
+    w1.write(**cases[1].columns(), metric="step_time", value=99.0, unit="ms", repeat=0, pair=0)
+    w2 = RecordWriter(tmp_path, "run", "s2")
+    assert run_sweep(cases, CPU, w2, PAIRED, progress=False) == {"resumed": 1, "ok": 2}
+    st = pd.DataFrame(load_rows([tmp_path])).query("metric == 'step_time'")
+    assert 99.0 not in st.value.tolist()
+    assert set(st[st.router == "prenorm"].session) == {"s1"} and st[st.router == "prenorm"].pair.isna().all()
+    # the two unfinished routers were timed together (pairs of one session), never with s1
+    assert set(st[st.router != "prenorm"].session) == {"s2"} and st[st.router != "prenorm"].pair.notna().all()
+
+
+def test_a_step_failing_in_paired_timing_is_its_own_error_row(tmp_path):
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
+
+    def broken():
+        raise RuntimeError("synthetic timing failure")
+
+    w = RecordWriter(tmp_path, "run", "s")
+    status = paired.time_group(cases, {cases[0].key: lambda: None, cases[1].key: broken}, CPU, w,
+                               PAIRED)
+    assert status == {cases[0].key: "ok", cases[1].key: "error"}
+    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    assert "synthetic timing failure" in rows[rows.status == "error"].error.iloc[0]
+    ok = rows[(rows.status == "ok") & (rows.metric == "step_time")]
+    assert ok.router.unique().tolist() == ["prenorm"] and ok.pair.isna().all()  # timed alone
+
+
+def test_sm_clock_is_silent_on_cpu():
+    assert paired.sm_clock_mhz(CPU) is None
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_compiled_models_of_a_group_coexist_without_recompiling(tmp_path):
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"], backends=["compile"])
+    w = RecordWriter(tmp_path, "run", "s")
+    assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
+    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    st = rows[rows.metric == "step_time"]
+    assert (st.status == "ok").all() and st.pair.notna().all() and len(st) == 6
+    assert (rows[rows.metric == "compile_time"].value > 0).all()
+
+
+def test_cli_paired_flag_and_manifest(tmp_path):
+    base = ["run", "--routers", "prenorm,haares", "--widths", "16", "--depths", "2", "--modes", "fwd",
+            "--repeats", "2", "--warmup-s", "0", "--backends", "eager", "--impls", "naive",
+            "--no-train", "--no-report", "--no-flops", "--quiet", "--out", str(tmp_path)]
+    for flag, rid in (("--paired", "p"), ("--no-paired", "u")):
+        res = CliRunner().invoke(main, base + [flag, "--run-id", rid], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+    run_p, run_u = next(tmp_path.glob("*/p")), next(tmp_path.glob("*/u"))
+    manifest = json.loads((run_p / "manifest.json").read_text())
+    timing = manifest["sessions"][-1]["timing"]
+    assert timing["cache_state"] == "warm" and timing["paired"] and timing["pair_order"] == "ABBA"
+    assert json.loads((run_u / "manifest.json").read_text())["timing"]["paired"] is False
+    st_p = pd.DataFrame(load_rows([run_p])).query("metric == 'step_time'")
+    st_u = pd.DataFrame(load_rows([run_u])).query("metric == 'step_time'")
+    assert st_p.pair.notna().all() and st_u.pair.isna().all() and len(st_p) == len(st_u) == 4
+    res = CliRunner().invoke(main, base + ["--pair-order", "AABB", "--run-id", "x"])
+    assert res.exit_code == 2 and "--pair-order" in res.output
+
+
+# --- the report ------------------------------------------------------------------------------
+
+PRENORM = [10.0, 11.0, 9.0, 10.5, 12.0]
+HAARES = [12.0, 13.5, 10.0, 12.0, 15.0]
+
+
+def write_group(w, times_by_router, *, d_model=64, mode="fwd", pair=True):
+    for router, times in times_by_router.items():
+        key = f"{router}|{mode}|d{d_model}"
+        cols = dict(case_key=key, router=router, router_options={}, impl="naive", backend="eager",
+                    mode=mode, workload="decoder", d_model=d_model, n_layers=2, n_heads=4,
+                    seq_len=64, batch_size=2, dtype="float32", seed=0)
+        for i, t in enumerate(times):
+            w.write(**cols, metric="step_time", value=t, unit="ms", repeat=i, pair=i if pair else None)
+        w.mark_done(key)
+
+
+def test_report_ratio_is_the_median_of_per_pair_ratios(tmp_path):
+    w = RecordWriter(tmp_path, "run-a", "s1", base={"device": "cpu"})
+    write_group(w, {"prenorm": PRENORM, "haares": HAARES})
+    write_group(w, {"prenorm": PRENORM, "haares": HAARES}, mode="fwd_bwd", pair=False)  # unpaired
+    write_group(w, {"haares": HAARES}, d_model=128)  # paired, but no prenorm in its group
+    t = paired_ratio_table(load_frame([tmp_path]))
+    assert len(t) == 1
+    row = t.iloc[0]
+    by_hand = statistics.median([b / a for a, b in zip(PRENORM, HAARES)])
+    assert by_hand == pytest.approx(1.2) and by_hand != pytest.approx(
+        statistics.median(HAARES) / statistics.median(PRENORM))  # per pair, not of medians
+    assert row.ratio == pytest.approx(by_hand)
+    assert row.ratio_lo <= row.ratio <= row.ratio_hi
+    assert row.pairs == 5 and row.router == "haares" and row["mode"] == "fwd"
+    assert row.median_ms == statistics.median(HAARES) and row.prenorm_ms == statistics.median(PRENORM)
+    assert row.prenorm_iqr_ms == pytest.approx(11.0 - 10.0)  # inclusive quartiles of PRENORM
+
+
+def test_report_has_the_paired_section_and_figures(tmp_path):
+    runs = []
+    for run_id, scale in (("run-a", 1.0), ("run-b", 1.05)):
+        d = tmp_path / run_id
+        w = RecordWriter(d, run_id, "s1", base={"device": "cpu"})
+        write_group(w, {"prenorm": PRENORM, "haares": [t * scale for t in HAARES],
+                        "block_attnres": [t * 1.1 for t in PRENORM]})
+        runs.append(d)
+    single = build_report(runs[:1])
+    assert single["paired_ratios.png"].read_bytes()[:8] == PNG_MAGIC
+    md = single["report.md"].read_text()
+    assert "Paired timing: ratio to prenorm" in md and "](paired_ratios.png)" in md
+    assert pd.read_csv(single["paired.csv"]).ratio.notna().all()
+    both = build_report(runs, tmp_path / "both")
+    assert both["paired_ratios.png"].read_bytes()[:8] == PNG_MAGIC
+    t = paired_ratio_table(load_frame(runs))
+    assert sorted(t.run_id) == ["run-a", "run-a", "run-b", "run-b"]
+    path = paired_ratio_figure(load_frame(runs), tmp_path / "fig")
+    assert path.name == "paired_ratios.png"
+    # without paired rows: no figure, and the report says why
+    d = tmp_path / "unpaired"
+    write_group(RecordWriter(d, "run-u", "s1"), {"prenorm": PRENORM, "haares": HAARES}, pair=False)
+    assert paired_ratio_figure(load_frame([d]), d) is None
+    out = build_report([d])
+    assert "paired_ratios.png" not in out and "No paired step times" in out["report.md"].read_text()

@@ -1,0 +1,164 @@
+"""``routerbench profile``: traces that carry the router labels, the router-share table, option
+errors before any model, and labels that cost compile nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import workloads.decoder
+from harness import backends
+from harness.cases import Case
+from harness.cli import main
+from harness.modes import lm_loss
+from harness.profile import METHODS, check_methods, profile_case, profile_labels
+from harness.records import RecordWriter, read_jsonl
+from harness.timing import TimingPolicy
+from workloads.config import DecoderConfig
+from workloads.decoder import Decoder
+
+CFG = DecoderConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=2)
+SHAPE = ["--d-model", 32, "--n-layers", 2, "--n-heads", 2, "--seq-len", 16, "--batch-size", 2,
+         "--device", "cpu"]
+FAST = TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=1)
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Fail loudly if anything builds a decoder (errors must come first)."""
+    def forbidden(*a, **k):
+        raise AssertionError("a model was built before the bad option was reported")
+    monkeypatch.setattr(workloads.decoder.Decoder, "__init__", forbidden)
+
+
+def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_path):
+    res = invoke("profile", "--router", "haares", "--backend", "eager", "--impl", "two_phase",
+                 *SHAPE, "--out", tmp_path, "--run-id", "t", "--memory-snapshot")
+    assert res.exit_code == 0, res.output
+    assert "--memory-snapshot: CUDA only" in res.output and "router share: labels" in res.output
+    run_dir = next(tmp_path.glob("*/profile-t"))
+    traces = list((run_dir / "trace").glob("*.pt.trace.json"))
+    assert len(traces) == 1
+    with open(traces[0]) as fh:
+        doc = json.load(fh)
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert {"router.read", "router.write", "sublayer.attn", "sublayer.mlp"} <= names
+    assert any(n and n.startswith("ProfilerStep#") for n in names)
+    assert not (run_dir / "memory_snapshot.pickle").exists()
+
+    t = pd.read_csv(run_dir / "router_share.csv")
+    assert list(t.columns) == ["label", "calls", "ms_per_step", "share_pct", "method"]
+    assert set(t.method) == {"labels"}
+    by = t.set_index("label")
+    step_ms, router_ms = by.loc["step", "ms_per_step"], by.loc["router", "ms_per_step"]
+    assert 0 < router_ms < step_ms
+    assert 0 < by.loc["router", "share_pct"] < 100
+    assert by.loc["router.read", "calls"] == 2 * CFG.n_layers  # one read per sublayer and step
+    assert by.loc["router.read.backward", "ms_per_step"] > 0  # fwd_bwd: backward nodes attributed
+    assert (run_dir / "router_share.png").stat().st_size > 0
+
+    rows = pd.DataFrame(read_jsonl(run_dir / "records.jsonl")).set_index("metric")
+    assert rows.loc["router_share", "value"] == pytest.approx(by.loc["router", "share_pct"])
+    assert rows.loc["profile_step_time", "unit"] == "ms" and set(rows.status) == {"ok"}
+    assert rows.loc["router_share", "impl"] == "two_phase"
+    assert workloads.decoder.PROFILE_LABELS is False  # switched off again after the trace
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--router", "nope"], "--router: unknown router 'nope'"),
+    (["--router", "haares", "--backend", "tpu"], "--backend: unknown backend 'tpu'"),
+    (["--router", "haares", "--mode", "sideways"], "--mode: unknown mode 'sideways'"),
+    (["--router", "prenorm", "--impl", "two_phase"], "--impl 'two_phase': router prenorm offers"),
+    (["--router", "haares", "--backend", "compile", "--methods", "labels"], "--methods labels"),
+    (["--router", "haares", "--methods", "guess"], "--methods: unknown method 'guess'"),
+    (["--router", "haares", "--active", "0"], "--active must be >= 1"),
+    (["--router", "haares", "--router-options", '{"n_blocks": 99}'], "n_blocks=99"),
+    (["--router", "haares", "--d-model", "30"], "--d-model 30 is not divisible by --n-heads"),
+])
+def test_bad_profile_option_exits_2_naming_it(tmp_path, no_models, args, needle):
+    res = CliRunner().invoke(main, ["profile", *args, "--device", "cpu", "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("routerbench: error:") and needle in lines[0], res.output
+    assert not any(tmp_path.iterdir())  # nothing written either
+
+
+def test_paired_difference_and_router_only_methods(tmp_path):
+    case = Case("haares", CFG, "fwd", "eager", impl="naive")
+    w = RecordWriter(tmp_path, "run", "s")
+    res = profile_case(case, torch.device("cpu"), tmp_path, wait=0, warmup=1, active=1, writer=w,
+                       methods=METHODS[1:], pairs=3, policy=FAST)
+    t = res["table"]
+    assert set(t.method) == {"paired_difference", "router_only"}
+    assert set(res["router_share_by_method"]) == {"paired_difference", "router_only"}
+    ro = t[(t.method == "router_only") & (t.label == "router")].iloc[0]
+    assert 0 < ro.share_pct < 100  # the router_only step drops the attention and MLP matrices
+    metrics = {r["metric"] for r in read_jsonl(tmp_path / "records.jsonl")}
+    assert {"router_share_paired_difference", "profile_step_time_router_only"} <= metrics
+    assert res["trace_files"]  # a trace is written under every method
+
+
+def test_labels_are_off_by_default_and_change_nothing():
+    assert workloads.decoder.PROFILE_LABELS is False
+    torch.manual_seed(0)
+    model = Decoder(CFG, "haares")
+    x = torch.randint(0, CFG.vocab_size, (CFG.batch_size, CFG.seq_len))
+    ref = model(x)
+    with profile_labels(True):
+        assert workloads.decoder.PROFILE_LABELS is True
+        got = model(x)
+    assert workloads.decoder.PROFILE_LABELS is False
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.compile
+def test_labels_keep_compile_fullgraph_without_graph_breaks():
+    torch.manual_seed(0)
+    eager = Decoder(CFG, "haares").train()
+    x = torch.randint(0, CFG.vocab_size, (CFG.batch_size, CFG.seq_len))
+    y = torch.roll(x, -1, dims=1)
+    with profile_labels(True):
+        compiled = backends.prepare(eager, "compile", "default").model
+        loss = lm_loss(compiled(x), y)
+        loss.backward()
+        assert backends.graph_breaks() == 0
+    torch.testing.assert_close(loss, lm_loss(eager(x), y), rtol=1e-5, atol=1e-6)
+
+
+def test_check_methods_names_the_option():
+    assert check_methods(["labels"], "eager") == ("labels",)
+    with pytest.raises(ValueError, match="--compile-mode reduce-overhead"):
+        check_methods(["paired_difference"], "compile", "reduce-overhead")
+    with pytest.raises(ValueError, match="--methods labels"):
+        check_methods(["labels"], "cudagraph")
+
+
+@pytest.mark.compile
+def test_compile_profile_uses_the_timed_methods_without_recompiling(tmp_path):
+    """Three compiled models (case, prenorm, router_only) live side by side: building them all
+    before any runs keeps backends.prepare's dynamo reset from dropping compiled code, and the
+    interleaved timing runs under error_on_recompile."""
+    case = Case("haares", CFG, "fwd", "compile", "default", impl="two_phase")
+    res = profile_case(case, torch.device("cpu"), tmp_path, wait=0, warmup=1, active=1, pairs=2, policy=FAST)
+    assert set(res["table"].method) == {"paired_difference", "router_only"}
+    assert backends.graph_breaks() == 0
+    names = {e.get("name") for e in json.loads(res["trace_files"][0].read_text())["traceEvents"]}
+    assert "router.read" not in names  # labels are off (and would not survive Inductor)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_profile_and_memory_snapshot(tmp_path):
+    case = Case("haares", CFG, "fwd_bwd", "eager", impl="two_phase")
+    res = profile_case(case, torch.device("cuda"), tmp_path, memory_snapshot=True)
+    t = res["table"].set_index("label")
+    assert 0 < t.loc["router", "ms_per_step"] < t.loc["step", "ms_per_step"]
+    assert res["memory_snapshot"].stat().st_size > 0
