@@ -48,6 +48,23 @@ class Prepared:
     clone_outputs: bool = False
 
 
+_reset_per_case = True
+
+
+@contextlib.contextmanager
+def one_dynamo_cache() -> Iterator[None]:
+    """Inside, :func:`prepare` does not reset dynamo, so several compiled models can live side
+    by side (a paired group); dynamo is reset once on entry and once on exit."""
+    global _reset_per_case
+    torch._dynamo.reset()
+    _reset_per_case = False
+    try:
+        yield
+    finally:
+        _reset_per_case = True
+        torch._dynamo.reset()
+
+
 def prepare(model: nn.Module, backend: str, compile_mode: str | None) -> Prepared:
     """Wrap ``model`` for ``backend``; compilation itself happens at the first call.
 
@@ -57,7 +74,8 @@ def prepare(model: nn.Module, backend: str, compile_mode: str | None) -> Prepare
     if backend in ("eager", "cudagraph"):  # cudagraph captures the eager step (harness.cudagraph)
         return Prepared(model)
     if backend == "compile":
-        torch._dynamo.reset()  # no compiled code reused from an earlier case
+        if _reset_per_case:
+            torch._dynamo.reset()  # no compiled code reused from an earlier case
         return Prepared(torch.compile(model, fullgraph=True, mode=compile_mode),
                         clone_outputs=compile_mode == "reduce-overhead")
     raise ValueError(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")

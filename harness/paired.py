@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import traceback
-import unittest.mock
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -233,7 +232,7 @@ def _compile_group(backend: str, n: int):
 
     ``backends.prepare`` resets dynamo per case, which would drop the earlier cases' compiled
     code (and recompile it, in the timed region or at the recompile limit, silently eager). Here
-    dynamo is reset once before and once after the group; inside it, ``reset`` is a no-op, the
+    dynamo is reset once before and once after the group (``backends.one_dynamo_cache``), the
     recompile limit fits the group (all models share ``Decoder.forward``'s code object, one cache
     entry each; guards keep them apart), and automatic dynamic shapes are off so a later model's
     parameter shapes cannot turn an earlier graph dynamic. The recompile guard still turns any
@@ -245,13 +244,8 @@ def _compile_group(backend: str, n: int):
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # < 2.6
     limit = max(getattr(cfg, name), n + 8)
-    torch._dynamo.reset()
-    try:
-        with cfg.patch(**{name: limit}, automatic_dynamic_shapes=False), \
-                unittest.mock.patch.object(torch._dynamo, "reset", lambda: None):
-            yield
-    finally:
-        torch._dynamo.reset()
+    with backends.one_dynamo_cache(), cfg.patch(**{name: limit}, automatic_dynamic_shapes=False):
+        yield
 
 
 def _error_text(exc: BaseException) -> str:

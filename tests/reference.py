@@ -85,3 +85,14 @@ def weights_at_init(sources, detail_bias=-2.0):
     """Mixing weights at init: zero pseudo-queries, so softmax of the biases alone."""
     raw = [1.0 if kind == "state" else math.exp(detail_bias) for _, kind in sources]
     return [r / sum(raw) for r in raw]
+
+
+def drive(router, e, updates):
+    """Run a router through all its sublayers with given updates (the decoder's loop without
+    sublayers). Returns (every read h_k, h_out, the final state)."""
+    state = router.init_state(e)
+    reads = []
+    for slot in router.slots:
+        reads.append(router.read(state, slot))
+        state = router.write(state, slot, updates[slot.index])
+    return reads, router.output(state), state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from reference import drive
 from routers import build_router
 from workloads.config import preset
 from workloads.decoder import Decoder, parameter_counts
@@ -13,12 +14,8 @@ B, T, D = 2, 3, 8
 
 
 def run(router, e, ups):
-    state = router.init_state(e)
-    reads = []
-    for slot in router.slots:
-        reads.append(router.read(state, slot))
-        state = router.write(state, slot, ups[slot.index])
-    return torch.stack(reads + [router.output(state)]), state
+    reads, out, state = drive(router, e, ups)
+    return torch.stack(reads + [out]), state
 
 
 def inputs(L, seed=0):

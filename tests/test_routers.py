@@ -17,13 +17,9 @@ B, T, D = 2, 3, 8
 
 
 def run_router(router, e, updates):
-    """Drive a router through all sublayers with given updates; return every read and h_out."""
-    state = router.init_state(e)
-    reads = []
-    for slot in router.slots:
-        reads.append(router.read(state, slot))
-        state = router.write(state, slot, updates[slot.index])
-    return reads, router.output(state)
+    """Every read and h_out of a router driven with the given updates."""
+    reads, out, _ = ref.drive(router, e, updates)
+    return reads, out
 
 
 def random_inputs(n_layers, seed=0, dtype=torch.float64):

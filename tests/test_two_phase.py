@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from reference import drive
 from routers import build_router
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
@@ -15,12 +16,8 @@ CASES = [("block_attnres", "always")] + [
 
 
 def run(router, e, ups):
-    state = router.init_state(e)
-    reads = []
-    for slot in router.slots:
-        reads.append(router.read(state, slot))
-        state = router.write(state, slot, ups[slot.index])
-    return torch.stack(reads + [router.output(state)])
+    reads, out, _ = drive(router, e, ups)
+    return torch.stack(reads + [out])
 
 
 def pair(name, L, **opts):
