@@ -121,3 +121,21 @@ def test_expand_validates_before_building():
         expand(["prenorm"], TINY, [16], [2], ["decode_all"])
     with pytest.raises(ConfigError, match="n_blocks"):
         expand(["haares"], TINY, [16], [2], ["fwd"], options={"haares": {"n_blocks": 9}})
+
+
+def test_saved_activation_bytes_of_a_known_decoder():
+    """prenorm, router_only (each sublayer is RMSNorm alone), L=1, d=8, B·T = M = 4, float32.
+
+    Counted by hand from autograd's saved tensors (each storage once; weights excluded):
+      embedding: its indices, M int64                                        32
+      h_0 = e, h_1 = e + u_0, h_2 = h_1 + u_1: each saved by its RMSNorm's x²     3 · M·d·4 = 384
+      each RMSNorm's rsqrt(mean(x²) + ε), saved by rsqrt and the scaling      3 · M·4   =  48
+      the final norm's x·rsqrt, saved by its gain multiply                        M·d·4 = 128
+      the gain's output, saved by the LM head (its input)                         M·d·4 = 128
+    """
+    cfg = DecoderConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, seq_len=4, batch_size=1,
+                        workload="router_only")
+    m = Decoder(cfg, "prenorm").train()
+    x = torch.randint(0, 16, (1, 4))
+    assert saved_activation_bytes(lambda: m(x), exclude=[*m.parameters(), *m.buffers()]) == \
+        32 + 384 + 48 + 128 + 128
