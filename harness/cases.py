@@ -80,7 +80,8 @@ def split_impl(router: str, options: dict[str, Any]) -> tuple[str, dict[str, Any
 def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], depths: Iterable[int],
            modes: Iterable[str], backends: Iterable[str] = ("eager",),
            options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
-           impls: Iterable[str] | None = None, compile_modes: Iterable[str] | None = None) -> list[Case]:
+           impls: Iterable[str] | None = None, compile_modes: Iterable[str] | None = None,
+           overrides: dict[str, Any] | None = None) -> list[Case]:
     """The cross product of a sweep, validated (see :func:`validate`).
 
     Args:
@@ -88,6 +89,8 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
         impls: implementations to sweep; each router runs those it offers (a router offering
             none of them runs its default). None: each router's impl from ``options`` or default.
         compile_modes: modes of the ``compile`` backend (default: ``"default"`` only).
+        overrides: other :class:`DecoderConfig` fields set with each width and depth (e.g.
+            ``n_heads``), validated together with them.
     """
     options = options or {}
     known_impls = {i for r in ROUTERS.values() for i in r.impls}
@@ -103,9 +106,10 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
         offered = router_class(r).impls if r in ROUTERS else (impl,)
         chosen = [i for i in (impls or [impl]) if i in offered] or [offered[0]]
         try:
-            cfg = base.replace(d_model=d, n_layers=L)
+            cfg = base.replace(d_model=d, n_layers=L, **(overrides or {}))
         except ConfigError as exc:
-            raise ConfigError(f"--widths {d} / --depths {L} with {base.n_heads} heads: {exc}") from None
+            heads = (overrides or {}).get("n_heads", base.n_heads)
+            raise ConfigError(f"--widths {d} / --depths {L} with {heads} heads: {exc}") from None
         cms = (compile_modes or BACKENDS["compile"][:1]) if backend == "compile" else (None,)
         for cm in cms:
             for i in chosen:
@@ -122,7 +126,9 @@ def validate(cases: list[Case], options: dict[str, dict[str, Any]] | None = None
             router option (``--router-options``), or an invalid shape (named option).
     """
     for name in options or {}:
-        router_class(name)
+        if name not in ROUTERS:
+            raise ConfigError(f"--router-options: unknown router {name!r}; known routers: "
+                              f"{', '.join(sorted(ROUTERS))}")
     if not cases:
         raise ConfigError("the sweep is empty: check --routers, --widths, --depths, --modes")
     for case in cases:

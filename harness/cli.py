@@ -27,6 +27,11 @@ DEFAULT_TRAIN_ROUTERS = ("prenorm", "haares")
 DEFAULT_TRAIN = {"preset": "cpu-train", "target_loss": 1.9, "max_steps": 300, "eval_every": 20}
 
 
+def _given(value, default):
+    """An option's value when given (0 included, so validation can refuse it), else the default."""
+    return default if value is None else value
+
+
 def _csv(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
@@ -152,15 +157,16 @@ def run(preset_name, routers, router_options, backends, compile_modes, impls, mo
     dev = _device(device)
     grid = GRIDS["cuda-default" if dev.type == "cuda" else "cpu-default"]
     base = preset(preset_name) if preset_name else grid["base"]
-    base = base.replace(n_heads=n_heads or base.n_heads, seq_len=seq_len or base.seq_len,
-                        batch_size=batch_size or base.batch_size, dtype=dtype or base.dtype,
-                        workload=workload,
-                        grad_checkpoint=grad_checkpoint)
+    overrides = {k: v for k, v in dict(n_heads=n_heads, seq_len=seq_len, batch_size=batch_size,
+                                         dtype=dtype).items() if v is not None}
+    overrides.update(workload=workload, grad_checkpoint=grad_checkpoint)
+    if train and train_steps < 1:
+        raise ConfigError(f"--train-steps must be >= 1, got {train_steps}")
     names = _csv(routers) or sorted(ROUTERS)
     policy = TimingPolicy(repeats=repeats, warmup_min_s=warmup_s)
     ws, ds = _ints(widths, "--widths") or grid["d_model"], _ints(depths, "--depths") or grid["n_layers"]
     common = dict(modes=_csv(modes) or [], options=_json_options(router_options), impls=_csv(impls),
-                  compile_modes=_csv(compile_modes))
+                  compile_modes=_csv(compile_modes), overrides=overrides)
     if backends is None:  # the default suite: eager on the grid, compile at its smallest shape
         sweep = cases_mod.expand(names, base, ws, ds, backends=["eager"], **common)
         # On CPU a first compile takes tens of seconds: compile the training step (fwd_bwd) only.
@@ -248,7 +254,7 @@ def train_cmd(preset_name, data, routers, router_options, target_loss, seeds, ma
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     cfg = preset(preset_name)
-    cfg = cfg.replace(batch_size=batch_size or cfg.batch_size, seq_len=seq_len or cfg.seq_len)
+    cfg = cfg.replace(batch_size=_given(batch_size, cfg.batch_size), seq_len=_given(seq_len, cfg.seq_len))
     options = _json_options(router_options)
     tc = TrainConfig(cfg, target_loss=target_loss, max_steps=max_steps, eval_every=eval_every, lr=lr,
                      stop_at_target=stop_at_target)
@@ -333,8 +339,8 @@ def profile_cmd(router, router_options, impl, backend, compile_mode, mode, prese
     grid = GRIDS["cuda-default" if dev.type == "cuda" else "cpu-default"]
     base = preset(preset_name) if preset_name else grid["base"]
     cfg = base.replace(d_model=d_model or base.d_model, n_layers=n_layers or base.n_layers,
-                       n_heads=n_heads or base.n_heads, seq_len=seq_len or base.seq_len,
-                       batch_size=batch_size or base.batch_size, dtype=dtype or base.dtype)
+                       n_heads=_given(n_heads, base.n_heads), seq_len=_given(seq_len, base.seq_len),
+                       batch_size=_given(batch_size, base.batch_size), dtype=_given(dtype, base.dtype))
     case = cases_mod.Case(router, cfg, mode, backend, cm, tuple(sorted(opts.items())), impl)
     cases_mod.validate([case])  # builds the router only: checks its options
     if memory_snapshot and dev.type != "cuda":

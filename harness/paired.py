@@ -112,6 +112,10 @@ def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, re
     return out
 
 
+#: Fewer pairs than this give no interval (``--repeats`` sets the number of pairs).
+MIN_PAIRS_FOR_CI = 5
+
+
 def bootstrap_ratio_ci(a: list[float], b: list[float], n_boot: int = 2000, conf: float = 0.95,
                        seed: int = 0) -> tuple[float, float, float]:
     """Median per-pair ratio ``b_i / a_i`` with a percentile-bootstrap interval over pairs.
@@ -128,7 +132,8 @@ def bootstrap_ratio_ci(a: list[float], b: list[float], n_boot: int = 2000, conf:
         seed: seed of the resampling.
 
     Returns:
-        ``(median_ratio, lo, hi)``; a single pair gives its ratio three times.
+        ``(median_ratio, lo, hi)``; with fewer than :data:`MIN_PAIRS_FOR_CI` pairs the bounds
+        are NaN (a bootstrap of 3 pairs only spans their min and max, which is no interval).
 
     Raises:
         ValueError: empty or unequal lengths, a non-positive baseline time, or ``conf`` outside
@@ -143,8 +148,8 @@ def bootstrap_ratio_ci(a: list[float], b: list[float], n_boot: int = 2000, conf:
         raise ValueError(f"conf must be in (0, 1), got {conf}")
     r = b_ / a_
     stat = float(np.median(r))
-    if r.size == 1:
-        return stat, stat, stat
+    if r.size < MIN_PAIRS_FOR_CI:
+        return stat, float("nan"), float("nan")
     idx = np.random.default_rng(seed).integers(0, r.size, size=(n_boot, r.size))
     boots = np.median(r[idx], axis=1)
     lo, hi = np.percentile(boots, [50 * (1 - conf), 50 * (1 + conf)])

@@ -65,14 +65,14 @@ def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: RecordWriter) 
     """FLOPs of the uncompiled model, by two paths (docs/FLOPS.md).
 
     Rows: ``fwd_flops_dispatch``, ``router_flops_dispatch`` (FLOP, :mod:`harness.flop_counter`,
-    needs only torch) and, for ``fwd_bwd`` / ``train_step``, ``bwd_flops_dispatch`` (FLOP of the
-    backward); ``fwd_flops_fvcore``, ``router_flops_fvcore`` (FMA, fvcore, skipped without it).
+    needs only torch), ``bwd_flops_dispatch`` (FLOP of the backward; counted whatever the
+    case's mode, since a router and shape is counted once); ``fwd_flops_fvcore``,
+    ``router_flops_fvcore`` (FMA, fvcore, skipped without it).
     """
     from .flop_counter import count_flops_dispatch
 
     cols = case.columns()
-    dc = count_flops_dispatch(model, (x,), backward=case.mode in ("fwd_bwd", "train_step"),
-                              strict=False)
+    dc = count_flops_dispatch(model, (x,), backward=True, strict=False)
     if dc["unsupported"]:  # a kernel of another device or torch version: name it, go on
         w.write(**cols, metric="fwd_flops_dispatch", unit="FLOP", status="error",
                 error=f"no FLOP rule for {sorted(dc['unsupported'])} (harness/flop_counter.py)")

@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from workloads.config import ConfigError
+
 
 @dataclass(frozen=True)
 class TimingPolicy:
@@ -34,9 +36,9 @@ class TimingPolicy:
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}")
         if self.warmup_min_count < 0 or self.warmup_min_s < 0:
-            raise ValueError("--warmup must be >= 0")
+            raise ConfigError(f"--warmup-s must be >= 0, got {self.warmup_min_s}")
 
 
 def synchronize(device: torch.device) -> None:

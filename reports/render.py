@@ -21,7 +21,10 @@ from harness.records import MANIFEST_FILE
 
 from . import figures, paired, tables
 
-CPU_RACE_NOTE = "On CPU the race is a smoke test: the papers see gains only at 24–48 layers."
+CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
+                 "Protocol: untimed warm-up then a reset of weights, optimizer and data order; "
+                 "AdamW; validation on fixed batches at a fixed cadence, off the clock, so time, "
+                 "steps and tokens to target are resolved to the evaluation cadence.")
 
 #: Report header and number format of each measured column.
 COLUMN_STYLE = {
@@ -174,7 +177,9 @@ def _table_blocks(frame: pd.DataFrame, empty_text: str, drop: Iterable[str] = ()
     if not keys:
         return blocks + [("table", shown)]
     for values, group in frame.groupby(keys, sort=False):
-        blocks.append(("subtitle", " · ".join(str(v) for v in values if str(v))))
+        title = " · ".join(str(v) for v in values if str(v))
+        if title:
+            blocks.append(("subtitle", title))
         blocks.append(("table", display_frame(group, common + keys, move_common=False)[0]))
     return blocks
 

@@ -269,8 +269,9 @@ def sort_cases(t: pd.DataFrame) -> pd.DataFrame:
 
 def _last(rows: pd.DataFrame, metric: str, col: str = "value") -> pd.Series:
     rows = rows[rows["metric"] == metric].sort_values("repeat", kind="stable")
-    if rows.empty:
-        return pd.Series(dtype=object, name=metric)
+    if rows.empty:  # keep the index names, so joining an absent metric gives NaN, not an error
+        index = pd.MultiIndex.from_arrays([[] for _ in TRAIN_KEYS], names=list(TRAIN_KEYS))
+        return pd.Series(index=index, dtype=object, name=metric)
     return rows.groupby(list(TRAIN_KEYS), dropna=False)[col].last().rename(metric)
 
 
@@ -281,7 +282,7 @@ def training_summary(df: pd.DataFrame) -> pd.DataFrame:
         df: a frame of :func:`load_frame`.
 
     Returns:
-        :data:`TRAIN_KEYS` + ``target_loss``, ``time_to_target`` (seconds, or the string
+        ``impl`` and the shape columns, :data:`TRAIN_KEYS` + ``target_loss``, ``time_to_target`` (seconds, or the string
         ``"not converged"``/``"diverged"``; NaN when the run never wrote it), ``steps_to_target``,
         ``tokens_to_target``, ``loss_at_token_budget``, ``token_budget``, ``final_val_loss`` and
         ``final_step`` (the last evaluation).
@@ -304,10 +305,11 @@ def training_summary(df: pd.DataFrame) -> pd.DataFrame:
         if s in ("not_converged", "diverged"):
             ttt[key] = s.replace("_", " ")
     out["time_to_target"] = ttt
-    out = out.reset_index()
+    shapes = tr.groupby(list(TRAIN_KEYS), dropna=False)[["impl", *SHAPE_COLS]].first()
+    out = out.join(shapes).reset_index()
     out = out.assign(_base=out["router"] != BASELINE).sort_values(["_base", "variant", "seed",
                                                                    "run_id"], kind="stable")
-    return out[cols].reset_index(drop=True)
+    return out[["impl", *SHAPE_COLS, *cols]].reset_index(drop=True)
 
 
 def training_by_router(df: pd.DataFrame) -> pd.DataFrame:

@@ -61,4 +61,9 @@ def build_router(name: str, d_model: int, n_layers: int, **options: Any):
     if unknown:
         raise ConfigError(f"--router-options: router {name!r} has no option(s) {sorted(unknown)}; "
                           f"its options: {sorted(known) or 'none'}")
-    return cls(d_model, n_layers, **options)
+    try:
+        return cls(d_model, n_layers, **options)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"--router-options: router {name!r}: invalid option value ({exc})") from None

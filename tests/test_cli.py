@@ -15,7 +15,7 @@ from harness.cli import main
 from harness.records import load_rows
 from routers import ROUTERS
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from paths import SHAKESPEARE
 
 
 @pytest.fixture

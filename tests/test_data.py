@@ -13,7 +13,7 @@ from workloads.data import (CharCorpus, default_corpus, fixed_val_batches, prepa
                             prepare_corpus_from_text, random_batches, stdlib_text, synthetic_batch)
 
 # the repo is checked out next to shared/, which holds the test data
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from paths import SHAKESPEARE
 SHAKESPEARE_SHA = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 TEXT = ("abcdefghij" * 100)  # 1000 chars, 10 symbols
 
@@ -194,7 +194,7 @@ def test_default_corpus_full_size_is_quick(tmp_path):
 
 def _shakespeare():
     if not SHAKESPEARE.is_file():
-        pytest.skip(f"tinyshakespeare.txt not found at {SHAKESPEARE} (the repo is expected next to shared/)")
+        pytest.skip(f"tinyshakespeare.txt not found at {SHAKESPEARE} (set ROUTERBENCH_SHARED_DATA or check out the repo next to shared/)")
     return SHAKESPEARE
 
 

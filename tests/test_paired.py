@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import statistics
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -47,8 +49,11 @@ def test_bootstrap_interval_covers_the_true_ratio_at_its_nominal_rate():
 
 
 def test_bootstrap_edge_cases():
-    assert paired.bootstrap_ratio_ci([1.0, 2.0, 3.0], [1.2, 2.4, 3.6]) == pytest.approx((1.2,) * 3)
-    assert paired.bootstrap_ratio_ci([2.0], [3.0]) == (1.5, 1.5, 1.5)
+    five = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert paired.bootstrap_ratio_ci(five, [1.2 * v for v in five]) == pytest.approx((1.2,) * 3)
+    # too few pairs for an interval: the median ratio, NaN bounds
+    med, lo, hi = paired.bootstrap_ratio_ci([2.0, 1.0, 4.0], [3.0, 1.6, 6.0])
+    assert med == 1.5 and math.isnan(lo) and math.isnan(hi)
     # seeded: the same call gives the same interval
     a, b = [1.0, 1.1, 0.9, 1.05, 1.2], [1.3, 1.2, 1.1, 1.4, 1.25]
     assert paired.bootstrap_ratio_ci(a, b, seed=3) == paired.bootstrap_ratio_ci(a, b, seed=3)

@@ -282,3 +282,19 @@ def test_training_pooled_over_seeds(tmp_path):
     assert math.isnan(row(training_summary(df), seed=3)["time_to_target"])
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
     assert "Pooled over seeds" in md and "No cost-sweep rows" in md
+
+
+def test_report_when_no_router_reaches_the_target(tmp_path):
+    w = RecordWriter(tmp_path, "r", "s")
+    for r in ("prenorm", "haares"):
+        c = dict(case_key=f"train|{r}", router=r, mode="train", backend="eager", seed=0,
+                 d_model=16, n_layers=2)
+        w.write(**c, metric="target_loss", value=1.0, unit="nats")
+        for step, v in ((0, 4.0), (10, 3.0)):
+            w.write(**c, metric="val_loss", value=v, unit="nats", repeat=step)
+        w.write(**c, metric="time_to_target", unit="s", status="not_converged", error="budget")
+        w.write(**c, metric="loss_at_token_budget", value=3.0, unit="nats")
+    t = tables.training_summary(load_frame([tmp_path]))
+    assert t["time_to_target"].tolist() == ["not converged", "not converged"]
+    assert t["final_val_loss"].tolist() == [3.0, 3.0]
+    assert "not converged" in build_report([tmp_path])["report.md"].read_text()
