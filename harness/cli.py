@@ -133,7 +133,7 @@ def list_cmd() -> None:
 @click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if visible).")
 @click.option("--out", default="results", show_default=True, help="Results root.")
 @click.option("--run-id", default=None, help="Run id; an existing one is resumed.")
-@click.option("--no-flops", is_flag=True, help="Skip fvcore FLOP counting.")
+@click.option("--no-flops", is_flag=True, help="Skip FLOP counting (fvcore and the FlopCounterMode path).")
 @click.option("--train/--no-train", default=True, show_default=True, help="Run the short time-to-target race.")
 @click.option("--data", default=None, help="Corpus dir for the race (default: embedded stdlib corpus).")
 @click.option("--train-steps", default=DEFAULT_TRAIN["max_steps"], show_default=True, help="Race step budget.")
