@@ -138,6 +138,7 @@ class Router(nn.Module, abc.ABC):
         return {}
 
     # --- cost models (MEASUREMENT.md "FLOPs" and "Memory"; docs/FLOPS.md) ----------------------
+    @abc.abstractmethod
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Closed-form forward FLOP of the router's mixing for one forward of B·T tokens.
 
@@ -153,12 +154,9 @@ class Router(nn.Module, abc.ABC):
 
         Returns:
             FLOP (a float holding an integer).
-
-        Raises:
-            NotImplementedError: the router has no formula (every registered router has one).
         """
-        raise NotImplementedError(f"{type(self).__name__} defines no analytic_fwd_flops")
 
+    @abc.abstractmethod
     def live_state_bytes(self, batch_size: int, seq_len: int, dtype: "torch.dtype | None" = None,
                          impl: str | None = None) -> int:
         """Peak bytes of router state kept alive between sublayers during one forward.
@@ -180,11 +178,10 @@ class Router(nn.Module, abc.ABC):
             bytes.
 
         Raises:
-            NotImplementedError: the router has no model.
             ValueError: ``impl`` is not an implementation of this router.
         """
-        raise NotImplementedError(f"{type(self).__name__} defines no live_state_bytes")
 
+    @abc.abstractmethod
     def ideal_io_per_token(self, schedule: int | None = None) -> float:
         """Residual-stream memory traffic per token and per sublayer under the **ideal I/O model**.
 
@@ -202,10 +199,8 @@ class Router(nn.Module, abc.ABC):
             elements of width d moved per token and sublayer.
 
         Raises:
-            NotImplementedError: the router has no model.
             ValueError: ``schedule`` given to a router that does not take one, or invalid.
         """
-        raise NotImplementedError(f"{type(self).__name__} defines no ideal_io_per_token")
 
     def _cost_impl(self, impl: str | None) -> str:
         """The implementation a cost model describes: ``impl``, else ``self.impl``, else naive.
