@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from routers import ROUTERS, build_router, router_class, router_options
-from workloads.config import ConfigError, DecoderConfig
+from routers.errors import ConfigError
+from workloads.config import DecoderConfig
 
 from .backends import BACKENDS
 from .modes import MODES
@@ -104,7 +105,8 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
     for d, L, backend, mode, r in itertools.product(widths, depths, backends, modes, routers):
         impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else ("naive", {})
         offered = router_class(r).impls if r in ROUTERS else (impl,)
-        chosen = [i for i in (impls or [impl]) if i in offered] or [offered[0]]
+        named = "impl" in options.get(r, {})  # a router's options naming its impl run only that one
+        chosen = [impl] if named else ([i for i in (impls or [impl]) if i in offered] or [offered[0]])
         try:
             cfg = base.replace(d_model=d, n_layers=L, **(overrides or {}))
         except ConfigError as exc:

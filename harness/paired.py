@@ -10,11 +10,12 @@ The bootstrap interval of :func:`bootstrap_ratio_ci` covers the noise *within on
 resamples that run's pairs and knows nothing of drift *between* runs on a shared machine. Agreement
 between runs is shown as a figure (``reports/paired.py``), never asserted by a test.
 
-In a sweep (:func:`run_paired_sweep`) the cases that share backend, compile mode, mode, workload,
+In a sweep (:func:`harness.sweep.run_sweep`) the cases that share backend, compile mode, mode, workload,
 shape and seed form a group. Every case of a group is set up as in an unpaired sweep (parameters,
-FLOPs, memory, compile or capture time, its own warm-up: :func:`harness.sweep.run_case`), its step
-is kept, and then all the group's steps are timed interleaved; ``step_time`` rows get ``pair`` =
-``repeat`` = round. A group is one unit of resume: its cases are marked done after it is timed.
+FLOPs, memory, compile or capture time, its own warm-up: :func:`harness.measure.run_case`), its
+step is kept, and then all the group's steps are timed interleaved (:func:`time_group`);
+``step_time`` rows get ``pair`` = ``repeat`` = round. A group is one unit of resume
+(:mod:`harness.records`): its rows are recorded together or not at all.
 
 Memory: a group's models (with their gradients, optimizer state, KV caches or CUDA-graph pools)
 are all resident while it is timed. On CPU, ~10 small models are nothing; on CUDA resident memory
@@ -35,29 +36,25 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from . import backends
-from .records import RecordWriter, done_cases
+from .rundir import StagingWriter
 from .timing import median_iqr, synchronize, time_steps
 
 if TYPE_CHECKING:
     from .cases import Case
-    from .sweep import SweepOptions
+    from .measure import SweepOptions
 
-__all__ = ["ORDERS", "PAIRED_DEFAULT", "bootstrap_ratio_ci", "group_key", "median_iqr",
-           "round_order", "run_paired_sweep", "sm_clock_mhz", "time_paired", "timing_manifest"]
+__all__ = ["ORDERS", "bootstrap_ratio_ci", "compile_group", "group_key", "median_iqr", "pairable",
+           "round_order", "sm_clock_mhz", "time_group", "time_paired", "timing_manifest"]
 
 #: ``ABBA``: the order reverses every round (A B, B A, A B, …), so neither side always runs first;
 #: ``ABAB``: the same order every round.
 ORDERS = ("ABBA", "ABAB")
-#: Paired timing is on by default (``routerbench run --paired/--no-paired``): it costs no extra
-#: timed steps, only one untimed interleaved round and the group's resident memory.
-PAIRED_DEFAULT = True
 #: The router every other router of a group is compared with.
 BASELINE = "prenorm"
 #: What the timed steps found in the caches: no L2 flush between steps, so each timed step runs
@@ -169,14 +166,6 @@ def pairable(case: "Case") -> bool:
     return not (case.backend == "compile" and case.compile_mode == "reduce-overhead")
 
 
-def _groups(cases: list["Case"]) -> list[list["Case"]]:
-    """Cases grouped by :func:`group_key` in order of first appearance (unpairable cases alone)."""
-    groups: dict[Any, list] = {}
-    for i, case in enumerate(cases):
-        groups.setdefault(group_key(case) if pairable(case) else ("alone", i), []).append(case)
-    return list(groups.values())
-
-
 def sm_clock_mhz(device: torch.device) -> float | None:
     """The SM clock of a CUDA ``device`` in MHz (NVML via ``torch.cuda.clock_rate``, else
     ``nvidia-smi`` matched by PCI bus id); ``None`` on CPU or when neither can tell. Read only:
@@ -213,11 +202,11 @@ def timing_manifest(opts: "SweepOptions") -> dict[str, Any]:
             "warmup_min_s": t.warmup_min_s}
 
 
-class _NetOfResident:
+class NetOfResident:
     """A writer that subtracts the memory held by a group's earlier steps from a case's CUDA
     peak-memory rows (see the module doc); everything else passes through."""
 
-    def __init__(self, w: RecordWriter, device: torch.device) -> None:
+    def __init__(self, w: StagingWriter, device: torch.device) -> None:
         self._w = w
         self._held = {"peak_allocated": torch.cuda.memory_allocated(device),
                       "peak_reserved": torch.cuda.memory_reserved(device)}
@@ -232,7 +221,7 @@ class _NetOfResident:
 
 
 @contextlib.contextmanager
-def _compile_group(backend: str, n: int):
+def compile_group(backend: str, n: int):
     """Let the compiled models of one group live side by side.
 
     ``backends.prepare`` resets dynamo per case, which would drop the earlier cases' compiled
@@ -260,14 +249,14 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
 
 
-def _fail(case: "Case", w: RecordWriter, exc: BaseException) -> str:
+def _fail(case: "Case", w: StagingWriter, exc: BaseException) -> str:
     status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
     w.write(**case.columns(), metric="step_time", unit="ms", status=status, error=_error_text(exc))
     return status
 
 
 def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], device: torch.device,
-               w: RecordWriter, opts: "SweepOptions") -> dict[str, str]:
+               w: StagingWriter, opts: "SweepOptions") -> dict[str, str]:
     """Time the kept steps of a group interleaved and write their rows.
 
     The group's prenorm goes first (it is the ``A`` of every pair), the others follow in sweep
@@ -309,77 +298,3 @@ def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], devi
                 w.write(**case.columns(), metric="sm_clock_mhz", value=mhz, unit="MHz", repeat=i)
         status[k] = "ok"
     return status
-
-
-def run_group(todo: list[tuple["Case", bool]], device: torch.device, w: RecordWriter,
-              opts: "SweepOptions", run_case: Callable[..., str]) -> dict[str, str]:
-    """Set up every case of one group (``run_case`` with ``hold``), then time the kept steps
-    together (:func:`time_group`); marks every case done afterwards.
-
-    Args:
-        todo: (case, count its router's FLOPs here) for the group's unfinished cases.
-        run_case: :func:`harness.sweep.run_case` (passed in: ``harness.sweep`` imports this
-            module).
-
-    Returns:
-        case key -> final status.
-    """
-    cases = [c for c, _ in todo]
-    held: dict[str, Callable[[], object]] = {}
-    status: dict[str, str] = {}
-    try:
-        with _compile_group(cases[0].backend, len(cases)):
-            for case, first in todo:
-                cw = _NetOfResident(w, device) if held and device.type == "cuda" else w
-                status[case.key] = run_case(case, device, cw, opts, count_flops=first, hold=held)
-            if held:
-                status.update(time_group(cases, held, device, w, opts))
-    finally:
-        held.clear()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    for case in cases:  # after the whole group: an interrupted group is redone as a unit
-        w.mark_done(case.key)
-    return status
-
-
-def run_paired_sweep(cases: Iterable["Case"], device: torch.device, w: RecordWriter,
-                     opts: "SweepOptions", progress: bool = True) -> dict[str, int]:
-    """:func:`harness.sweep.run_sweep` with paired timing: same resume and FLOP bookkeeping, one
-    group at a time. Cases finished by an earlier session are never redone; a group's unfinished
-    cases are timed together (pairs never span sessions; the report pairs rows by session).
-
-    Returns:
-        a count per final status, ``resumed`` for the cases an earlier session finished.
-    """
-    from .sweep import _flops_key, run_case  # harness.sweep imports this module
-
-    cases = list(cases)
-    done = done_cases(w.run_dir)
-    stats: dict[str, int] = {"resumed": 0}
-    flops_seen: set = set()
-    first_of: dict[str, bool] = {}
-    for case in cases:  # FLOPs at the first case of each router and shape, in sweep order
-        fk = _flops_key(case)
-        first_of[case.key] = fk not in flops_seen
-        flops_seen.add(fk)
-    bar = tqdm(total=len(cases), desc="cost sweep (paired)", unit="case", disable=not progress)
-    for group in _groups(cases):
-        todo = [(c, first_of[c.key]) for c in group if c.key not in done]
-        stats["resumed"] += len(group) - len(todo)
-        bar.update(len(group) - len(todo))
-        if not todo:
-            continue
-        c = todo[0][0]
-        bar.set_postfix_str(f"{len(todo)} routers d={c.cfg.d_model} L={c.cfg.n_layers} {c.mode} "
-                            f"{c.backend}")
-        if pairable(c):
-            statuses = list(run_group(todo, device, w, opts, run_case).values())
-        else:  # timed alone, exactly as in an unpaired sweep
-            statuses = [run_case(c, device, w, opts, count_flops=todo[0][1])]
-            w.mark_done(c.key)
-        for s in statuses:
-            stats[s] = stats.get(s, 0) + 1
-        bar.update(len(todo))
-    bar.close()
-    return stats

@@ -48,8 +48,8 @@ from .cudagraph import GraphedStep
 from .env import slugify
 from .memory import cuda_memory_snapshot
 from .modes import make_step, prefill_for_decode
-from .records import RecordWriter
-from .sweep import build_model
+from .measure import build_model
+from .rundir import StagingWriter
 from .timing import TimingPolicy, synchronize, time_steps, warm_up
 
 METHODS = ("labels", "paired_difference", "router_only")
@@ -249,7 +249,7 @@ def share_figure(table: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def profile_case(case: Case, device: torch.device, out_dir: Path | str, wait: int = 1, warmup: int = 2,
-                 active: int = 3, writer: RecordWriter | None = None,
+                 active: int = 3, writer: StagingWriter | None = None,
                  methods: Iterable[str] | None = None, pairs: int = 10,
                  memory_snapshot: bool = False, max_entries: int = 100_000,
                  policy: TimingPolicy = TimingPolicy()) -> dict:

@@ -1,103 +1,116 @@
-"""Tidy results: one row per measured number, appended to ``records.jsonl`` as it is measured.
+"""Tidy results that are never lost, doubled or orphaned (DESIGN.md, "Results").
 
 A run directory ``results/<device-slug>/<run-id>/`` holds
 
-- ``records.jsonl``: long-format rows with the columns of :data:`COLUMNS` (DESIGN.md, "Results");
-- ``manifest.json``: the environment and command line of the run (:mod:`harness.env`);
-- ``done.jsonl``: one line per finished case (``case_key``, ``session``), so an interrupted sweep
-  resumes without redoing finished cases; rows of an unfinished attempt stay in ``records.jsonl``
-  (nothing measured is lost) and are told apart by their ``session`` column.
+- ``records.jsonl``: long-format rows with the columns of :data:`COLUMNS`, grouped in **units of
+  resume** (a paired group of a sweep, one case of an unpaired sweep, a training run, a profile).
+  A unit's rows and its end marker ``{"end_of_unit": …}`` are appended in one write, flushed and
+  ``fsync``-ed, so a reader keeps exactly the rows followed by their marker and needs no other file;
+- ``pending/<session>-<n>.jsonl``: the rows of the unit being measured, appended (and fsync-ed) one
+  by one as they are made, so a crash loses nothing already measured;
+- ``aborted/``: the rows of every abandoned unit (an interrupt, a killed process, a crashed or hung
+  child under ``--isolate``, a full disk), moved there whole, never read as results, counted in
+  ``manifest.json`` (``aborted``);
+- ``.lock``: the lock of the one writer (:class:`harness.rundir.RunWriter`), with its pid, host
+  and start time;
+- ``manifest.json`` and ``spec.toml``: the environment and the resolved run spec.
 
-Rows are flushed and ``fsync``-ed one by one, so a crash loses at most the row being written.
+Schema versions: 2 (this one: ``schema`` column, end markers); 1 (no markers, a ``done.jsonl`` of
+finished cases) is still read, never extended. This module is the format and its reader; the writer
+is :mod:`harness.rundir`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+#: Version of the row and marker format written by this module.
+SCHEMA_VERSION = 2
 
 #: Column order of every row. ``router_options`` is a JSON string; shape columns are flat.
 COLUMNS: tuple[str, ...] = (
-    "run_id", "session", "case_key", "router", "router_options", "impl", "backend", "compile_mode",
-    "mode", "workload", "d_model", "n_layers", "n_heads", "seq_len", "batch_size", "dtype", "device",
-    "seed", "repeat", "pair", "metric", "value", "unit", "status", "error",
+    "schema", "run_id", "session", "resume_unit", "case_key", "router", "router_options", "impl", "backend",
+    "compile_mode", "mode", "workload", "d_model", "n_layers", "n_heads", "seq_len", "batch_size",
+    "dtype", "device", "seed", "repeat", "pair", "metric", "value", "unit", "status", "error",
 )
+#: ``unit`` is the unit of measure (``ms``, ``bytes``); ``resume_unit`` names the unit of resume
+#: whose end marker covers the row.
 
 #: Allowed values of the ``status`` column.
 STATUSES = ("ok", "oom", "error", "skipped", "not_converged", "diverged")
 
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"
-DONE_FILE = "done.jsonl"
+SPEC_FILE = "spec.toml"
+LOCK_FILE = ".lock"
+PENDING_DIR = "pending"
+ABORTED_DIR = "aborted"
+LEGACY_DONE_FILE = "done.jsonl"
+#: Key of the end marker object of a unit in ``records.jsonl``.
+END = "end_of_unit"
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
     return str(obj)
 
 
-@dataclass
-class RecordWriter:
-    """Appends tidy rows to ``<run_dir>/records.jsonl``.
-
-    Args:
-        run_dir: the run directory; created if missing.
-        run_id: written into every row.
-        session: id of this invocation (a resumed run gets a new session).
-        base: column values shared by every row of this writer (e.g. ``device``).
+def make_row(base: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A full row: every column of :data:`COLUMNS`, ``base`` then ``row`` applied.
 
     Raises:
-        ValueError: from :meth:`write` when a row has an unknown column or status.
+        ValueError: an unknown column or status.
     """
+    full = {c: None for c in COLUMNS}
+    full.update(base)
+    full["status"] = "ok"
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown record column(s) {sorted(unknown)}; known: {COLUMNS}")
+    full.update(row)
+    full["schema"] = SCHEMA_VERSION
+    if full["status"] not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {full['status']!r}")
+    if isinstance(full.get("router_options"), dict):
+        full["router_options"] = json.dumps(full["router_options"], sort_keys=True)
+    return full
 
-    run_dir: Path
-    run_id: str
-    session: str
-    base: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.run_dir = Path(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / RECORDS_FILE
+def lock_holder(run_dir: Path) -> dict[str, Any] | None:
+    """Who holds the lock of ``run_dir`` now (pid, host, started), or None when nobody does."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(fh.read() or "{}") or {"pid": None}
+            except json.JSONDecodeError:
+                return {"pid": None}
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return None
 
-    def write(self, **row: Any) -> dict[str, Any]:
-        """Append one row (missing columns become ``None``) and return it."""
-        full = {c: None for c in COLUMNS}
-        full.update(self.base)
-        full.update(run_id=self.run_id, session=self.session, status="ok")
-        unknown = set(row) - set(COLUMNS)
-        if unknown:
-            raise ValueError(f"unknown record column(s) {sorted(unknown)}; known: {COLUMNS}")
-        full.update(row)
-        if full["status"] not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {full['status']!r}")
-        if isinstance(full.get("router_options"), dict):
-            full["router_options"] = json.dumps(full["router_options"], sort_keys=True)
-        line = json.dumps(full, default=_json_default)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        return full
 
-    def mark_done(self, case_key: str) -> None:
-        """Record that every row of ``case_key`` in this session has been written."""
-        with open(self.run_dir / DONE_FILE, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"case_key": case_key, "session": self.session}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+def aborted_summary(run_dir: Path) -> dict[str, int]:
+    """``{"units": n, "rows": m}`` moved to ``aborted/`` so far."""
+    idx = read_jsonl(Path(run_dir) / ABORTED_DIR / "index.jsonl")
+    return {"units": len(idx), "rows": sum(int(r.get("rows", 0)) for r in idx)}
 
+
+# --- reading ---------------------------------------------------------------------------------
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines file, ignoring a torn last line left by a crash."""
+    """Every parseable JSON object of a JSON-lines file (a torn line is skipped)."""
     rows = []
     if not Path(path).exists():
         return rows
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             line = line.strip()
             if not line:
@@ -105,28 +118,114 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
-                continue  # a row torn by an interruption; everything before it is kept
+                continue
     return rows
 
 
-def done_cases(run_dir: Path) -> dict[str, str]:
-    """Map ``case_key -> session`` of the cases finished in ``run_dir``."""
-    return {r["case_key"]: r["session"] for r in read_jsonl(Path(run_dir) / DONE_FILE)}
+def iter_units(path: Path) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """``(end marker, rows)`` of every complete unit of a schema-2 ``records.jsonl``.
+
+    A block whose marker is missing (a trailing unit torn by a crash), whose row count does not
+    match its marker, or that holds an unparseable line is dropped whole.
+    """
+    buf: list[dict[str, Any]] = []
+    bad = False
+    if not Path(path).exists():
+        return
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                bad = True
+                continue
+            if END not in obj:
+                buf.append(obj)
+                continue
+            if not bad and len(buf) == obj.get("rows") and all(r.get("resume_unit") == obj[END] for r in buf):
+                yield obj, buf
+            buf, bad = [], False
+
+
+def end_of_last_unit(path: Path) -> int:
+    """Byte offset just after the last valid end marker of ``path`` (0 when none)."""
+    end, count, bad = 0, 0, False
+    with open(path, "rb") as fh:
+        pos = 0
+        for raw in fh:
+            pos += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                bad = True
+                continue
+            if END in obj:
+                if not bad and obj.get("rows") == count:
+                    end = pos
+                count, bad = 0, False
+            else:
+                count += 1
+    if end == 0 and not is_schema2(path):
+        return Path(path).stat().st_size  # a schema-1 file has no markers: keep it whole
+    return end
+
+
+def is_schema2(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            return "schema" in obj or END in obj
+    return True
+
+
+def completed_cases(run_dir: Path) -> dict[str, str]:
+    """``case_key -> final status`` of every case whose unit is complete in ``run_dir``."""
+    run_dir = Path(run_dir)
+    path = run_dir / RECORDS_FILE
+    if path.exists() and not is_schema2(path):
+        return {r["case_key"]: "ok" for r in read_jsonl(run_dir / LEGACY_DONE_FILE)}
+    out: dict[str, str] = {}
+    for marker, _ in iter_units(path):
+        for c in marker.get("cases", []):
+            out[c] = marker.get("statuses", {}).get(c, "ok")
+    return out
+
+
+def units(run_dir: Path) -> list[dict[str, Any]]:
+    """The end markers of the complete units of ``run_dir``, in order."""
+    return [m for m, _ in iter_units(Path(run_dir) / RECORDS_FILE)]
 
 
 def load_rows(run_dirs: Iterable[Path], finished_only: bool = True) -> list[dict[str, Any]]:
-    """All rows of the given run directories.
+    """The rows of the complete units of the given run directories.
 
-    With ``finished_only`` a case's rows are kept only from the session that finished it, so a
-    resumed run does not count an interrupted attempt twice; rows of cases no session finished
-    (e.g. a training race cut short) are kept as they are.
+    Schema 2: exactly the rows followed by their unit's end marker (``finished_only`` is moot;
+    unfinished units are in ``aborted/``). Schema 1 (``done.jsonl``, read for old results): with
+    ``finished_only`` a case's rows come only from the session that finished it.
     """
     out: list[dict[str, Any]] = []
     for d in run_dirs:
-        rows = read_jsonl(Path(d) / RECORDS_FILE)
-        if finished_only:
-            done = done_cases(Path(d))
-            rows = [r for r in rows if r.get("case_key") not in done
-                    or done[r["case_key"]] == r.get("session")]
-        out.extend(rows)
+        path = Path(d) / RECORDS_FILE
+        if path.exists() and not is_schema2(path):
+            out.extend(_legacy_rows(Path(d), finished_only))
+            continue
+        for _, rows in iter_units(path):
+            out.extend(rows)
     return out
+
+
+def _legacy_rows(run_dir: Path, finished_only: bool) -> list[dict[str, Any]]:
+    rows = read_jsonl(run_dir / RECORDS_FILE)
+    for r in rows:
+        r["schema"], r["resume_unit"] = 1, None
+    if finished_only:
+        done = {r["case_key"]: r["session"] for r in read_jsonl(run_dir / LEGACY_DONE_FILE)}
+        rows = [r for r in rows if r.get("case_key") not in done or done[r["case_key"]] == r.get("session")]
+    return rows

@@ -1,205 +1,223 @@
-"""The cost sweep: measure each :class:`~harness.cases.Case` and append its rows as they are made.
+"""The cost sweep: cases grouped into units of resume, each measured and recorded whole.
 
-Per case, in separate passes (MEASUREMENT.md): parameter counts; fvcore forward FLOPs on the
-uncompiled model (once per router and shape); saved-activation bytes (``fwd_bwd``); CUDA peak
-memory in an untimed step; then warm-up and timed repeats. A failing case becomes an ``error`` or
-``oom`` row and the sweep goes on; a finished case is marked done, so an interrupted sweep
-resumes where it stopped. With ``SweepOptions.paired`` (the default) the routers of one backend,
-mode and shape are timed interleaved with their prenorm after each case's own set-up and warm-up
-(:mod:`harness.paired`).
+A **unit** is what one end marker of ``records.jsonl`` covers (:mod:`harness.records`): with
+paired timing (the default) the cases that share backend, compile mode, mode, shape and seed
+(:func:`harness.paired.group_key`); without it, or for a case that cannot be paired, one case. A
+unit's rows are staged as they are measured and committed together when it is complete; an
+interrupted unit is moved to ``aborted/`` and measured again, whole, on resume, so pairs never span
+two processes and no case is ever recorded twice.
+
+``--isolate`` runs each unit in a child process (``multiprocessing`` spawn, so the pairing of a
+group is kept). The child writes its rows to the unit's pending file and reports progress per case;
+a child that dies (a crash in a compiled or captured graph) or makes no progress for
+``--case-timeout`` seconds (a hang) is killed, its unit abandoned, and its cases re-run one by one
+in fresh children to pin the failure on its case, which becomes an ``error`` row.
 """
 
 from __future__ import annotations
 
-import traceback
-from dataclasses import dataclass
-from typing import Iterable
+import multiprocessing as mp
+import signal
+import time
+from typing import Callable, Iterable
 
 import torch
 from tqdm import tqdm
 
-from workloads.data import synthetic_batch
-from workloads.decoder import Decoder, parameter_counts
-
-from . import backends
 from .cases import Case
-from .cudagraph import GraphedStep
-from .memory import cuda_peak_memory, model_tensors, saved_activation_bytes
-from .modes import make_step, prefill_for_decode
-from .paired import PAIRED_DEFAULT, run_paired_sweep
-from .records import RecordWriter, done_cases
-from .timing import TimingPolicy, time_steps, warm_up
+from .measure import PAIRED_DEFAULT, SweepOptions, flops_key, run_case
+from .paired import NetOfResident, compile_group, group_key, pairable, time_group
+from .rundir import RunWriter, StagingWriter
+
+__all__ = ["PAIRED_DEFAULT", "SweepOptions", "measure_unit", "run_sweep", "sweep_units"]
+
+#: Seconds a child under ``--isolate`` may take to start (import torch) on top of ``--case-timeout``.
+STARTUP_S = 120.0
+
+Heartbeat = Callable[[str, int], None]
 
 
-@dataclass(frozen=True)
-class SweepOptions:
-    """What to measure besides step time.
+def sweep_units(cases: Iterable[Case], paired: bool = PAIRED_DEFAULT) -> list[list[Case]]:
+    """The units of a sweep in order of first appearance: paired groups, or single cases."""
+    groups: dict[object, list[Case]] = {}
+    for i, case in enumerate(cases):
+        key = group_key(case) if paired and pairable(case) else ("alone", i)
+        groups.setdefault(key, []).append(case)
+    return list(groups.values())
 
-    Attributes:
-        flops: count fvcore forward FLOPs (skipped with a reason when fvcore is missing).
-        memory: saved-activation bytes, and CUDA peak memory on CUDA.
-        timing: warm-up and repeat policy.
-        paired: time the routers of each backend, mode and shape interleaved in ``ABBA`` rounds
-            with their prenorm (:mod:`harness.paired`); otherwise each case alone.
-        pair_order: ``"ABBA"`` or ``"ABAB"`` (:data:`harness.paired.ORDERS`).
+
+def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: StagingWriter,
+                 opts: SweepOptions, heartbeat: Heartbeat | None = None) -> dict[str, str]:
+    """Measure the cases of one unit and write their rows to ``w``.
+
+    Args:
+        todo: (case, count its router's FLOPs here) for each case of the unit.
+        heartbeat: called with a label and a weight (how many cases' time the next phase may
+            take) before each phase; ``--isolate`` uses it as a progress signal.
+
+    Returns:
+        case key -> final status (``ok``, ``oom``, ``error`` or ``skipped``).
     """
-
-    flops: bool = True
-    memory: bool = True
-    timing: TimingPolicy = TimingPolicy()
-    paired: bool = PAIRED_DEFAULT
-    pair_order: str = "ABBA"
-
-
-def build_model(case: Case, device: torch.device) -> Decoder:
-    """The case's decoder with seeded weights on ``device``."""
-    torch.manual_seed(case.seed)
-    return Decoder(case.cfg, case.router, case.router_kwargs()).to(device)
-
-
-def _flops_key(case: Case) -> tuple:
-    return (case.router, case.key.split("|")[1], case.impl, case.cfg)
-
-
-def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: RecordWriter) -> None:
-    """FLOPs of the uncompiled model, by two paths (docs/FLOPS.md).
-
-    Rows: ``fwd_flops_dispatch``, ``router_flops_dispatch`` (FLOP, :mod:`harness.flop_counter`,
-    needs only torch), ``bwd_flops_dispatch`` (FLOP of the backward; counted whatever the
-    case's mode, since a router and shape is counted once); ``fwd_flops_fvcore``,
-    ``router_flops_fvcore`` (FMA, fvcore, skipped without it).
-    """
-    from .flop_counter import count_flops_dispatch
-
-    cols = case.columns()
-    dc = count_flops_dispatch(model, (x,), backward=True, strict=False)
-    if dc["unsupported"]:  # a kernel of another device or torch version: name it, go on
-        w.write(**cols, metric="fwd_flops_dispatch", unit="FLOP", status="error",
-                error=f"no FLOP rule for {sorted(dc['unsupported'])} (harness/flop_counter.py)")
-    else:
-        w.write(**cols, metric="fwd_flops_dispatch", value=dc["fwd_flops"], unit="FLOP")
-        w.write(**cols, metric="router_flops_dispatch", value=dc["router_fwd_flops"], unit="FLOP")
-        if dc["bwd_flops"] is not None:
-            w.write(**cols, metric="bwd_flops_dispatch", value=dc["bwd_flops"], unit="FLOP")
+    beat = heartbeat or (lambda label, weight: None)
+    cases = [c for c, _ in todo]
+    if len(todo) == 1 or not (opts.paired and pairable(cases[0])):
+        out = {}
+        for case, first in todo:
+            beat(case.key, 1)
+            out[case.key] = run_case(case, device, w, opts, count_flops=first)
+        return out
+    held: dict[str, Callable[[], object]] = {}
+    status: dict[str, str] = {}
     try:
-        from .flops import count_fwd_flops
-    except ImportError as exc:  # fvcore is optional on a bare GPU box
-        w.write(**cols, metric="fwd_flops_fvcore", unit="FMA", status="skipped", error=f"fvcore unavailable: {exc}")
-        return
-    fc = count_fwd_flops(model, (x,))
-    w.write(**cols, metric="fwd_flops_fvcore", value=fc.total_fma, unit="FMA")
-    w.write(**cols, metric="router_flops_fvcore", value=fc.router_fma, unit="FMA")
-
-
-def measure_router_costs(case: Case, model: Decoder, w: RecordWriter) -> None:
-    """The router's cost models and its measured traffic (per router, impl and shape).
-
-    Rows: ``router_flops_analytic`` (FLOP, the naive reference formula), ``router_state``
-    (bytes, peak live state of this impl), ``router_io_ideal`` and ``router_io_measured``
-    (bytes per token and sublayer: the ideal I/O model of the AttnRes paper's Table 1, and what
-    this eager impl's ops read and write, :mod:`harness.traffic`, measured on the CPU on one
-    sequence of at most 32 tokens).
-    """
-    from .traffic import router_bytes_moved
-
-    cols, cfg, r = case.columns(), case.cfg, model.router
-    item = cfg.torch_dtype.itemsize
-    impl = case.impl if case.impl in r.impls else None
-    w.write(**cols, metric="router_flops_analytic", unit="FLOP",
-            value=r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len))
-    w.write(**cols, metric="router_state", unit="bytes",
-            value=r.live_state_bytes(cfg.batch_size, cfg.seq_len, cfg.torch_dtype, impl=impl))
-    w.write(**cols, metric="router_io_ideal", unit="bytes/token/sublayer",
-            value=r.ideal_io_per_token() * cfg.d_model * item)
-    w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer",
-            # per-token traffic does not depend on B·T: measure on one short sequence
-            value=router_bytes_moved(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item)
-
-
-def run_case(case: Case, device: torch.device, w: RecordWriter, opts: SweepOptions,
-             count_flops: bool = True, hold: dict | None = None) -> str:
-    """Measure one case; returns its final status (``ok``, ``oom`` or ``error``).
-
-    With ``hold`` the case stops after its warm-up and leaves its step in ``hold[case.key]``,
-    to be timed with the other cases of its group (:mod:`harness.paired`).
-    """
-    cols = case.columns()
-    reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
-    if reason:
-        w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
-        return "skipped"
-    try:
-        model = build_model(case, device)
-        counts = parameter_counts(model)
-        w.write(**cols, metric="params_matrix", value=counts["matrix"], unit="count")
-        w.write(**cols, metric="params_router", value=counts["router"], unit="count")
-        x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
-                               seed=case.seed, device=device)
-        if count_flops:
-            measure_router_costs(case, model, w)
-            if opts.flops:
-                measure_flops(case, model, x, w)
-        if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
-            # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
-            model.train()
-            saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
-            w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
-        decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
-        prepared = backends.prepare(model, case.backend, case.compile_mode)
-        step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs,
-                         decode_input=decode_input)
-        if case.backend == "compile":
-            w.write(**cols, metric="compile_time", value=backends.first_call_seconds(step, device), unit="s")
-            w.write(**cols, metric="graph_breaks", value=backends.graph_breaks(), unit="count")
-        elif case.backend == "cudagraph":
-            step = GraphedStep(model, case.mode, x, y, decode_input=decode_input)
-            w.write(**cols, metric="capture_time", value=step.capture_time_s, unit="s")
-        if opts.memory and device.type == "cuda":
-            for metric, value in cuda_peak_memory(step, device).items():
-                w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
-        warm_up(step, device, opts.timing)
-        if hold is not None:
-            hold[case.key] = step
-            return "ok"
-        with backends.recompile_guard(case.backend):
-            times = time_steps(step, device, opts.timing.repeats)
-        for i, ms in enumerate(times):
-            w.write(**cols, metric="step_time", value=ms, unit="ms", repeat=i)
-        return "ok"
-    except torch.cuda.OutOfMemoryError as exc:
-        w.write(**cols, metric="step_time", unit="ms", status="oom", error=str(exc).splitlines()[0])
-        return "oom"
-    except Exception as exc:  # one broken case never kills a sweep
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        w.write(**cols, metric="step_time", unit="ms", status="error",
-                error=f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})")
-        return "error"
+        with compile_group(cases[0].backend, len(cases)):
+            for case, first in todo:
+                beat(case.key, 1)
+                cw = NetOfResident(w, device) if held and device.type == "cuda" else w
+                status[case.key] = run_case(case, device, cw, opts, count_flops=first, hold=held)
+            if held:
+                beat("timing", len(held))
+                status.update(time_group(cases, held, device, w, opts))
     finally:
+        held.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return status
 
 
-def run_sweep(cases: Iterable[Case], device: torch.device, w: RecordWriter,
+def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,
               opts: SweepOptions = SweepOptions(), progress: bool = True) -> dict[str, int]:
-    """Measure every case not yet done in ``w.run_dir``; returns a count per final status
-    (``resumed`` counts the cases skipped because an earlier session finished them)."""
-    if opts.paired:
-        return run_paired_sweep(cases, device, w, opts, progress)
+    """Measure every case not yet complete in ``run``'s directory, one unit at a time.
+
+    Returns:
+        a count per final status; ``resumed`` counts the cases complete before this call.
+
+    Raises:
+        KeyboardInterrupt (or the CLI's ``Interrupted``): the unit in progress is moved to
+            ``aborted/`` and the exception propagates; every complete unit is kept.
+        harness.records.DiskFullError: no space to record a unit; nothing partial was kept.
+    """
     cases = list(cases)
-    done = done_cases(w.run_dir)
     stats: dict[str, int] = {"resumed": 0}
-    flops_seen: set = set()
-    # FLOPs are a property of router and shape, not mode: count them at the first case of each.
-    bar = tqdm(cases, desc="cost sweep", unit="case", disable=not progress)
-    for case in bar:
-        fk = _flops_key(case)
-        first = fk not in flops_seen
-        flops_seen.add(fk)
-        if case.key in done:
-            stats["resumed"] += 1
+    seen: set = set()
+    first_of: dict[str, bool] = {}
+    for case in cases:  # FLOPs at the first case of each router and shape, in sweep order
+        first_of[case.key] = flops_key(case) not in seen
+        seen.add(flops_key(case))
+    bar = tqdm(total=len(cases), desc="cost sweep" + (" (paired)" if opts.paired else ""), unit="case",
+               disable=not progress)
+    for group in sweep_units(cases, opts.paired):
+        todo = [(c, first_of[c.key]) for c in group if c.key not in run.completed]
+        stats["resumed"] += len(group) - len(todo)
+        bar.update(len(group) - len(todo))
+        if not todo:
             continue
-        bar.set_postfix_str(f"{case.router} d={case.cfg.d_model} L={case.cfg.n_layers} {case.mode}")
-        status = run_case(case, device, w, opts, count_flops=first)
-        stats[status] = stats.get(status, 0) + 1
-        w.mark_done(case.key)
+        c = todo[0][0]
+        bar.set_postfix_str(f"{len(todo)} case(s) d={c.cfg.d_model} L={c.cfg.n_layers} {c.mode} {c.backend}")
+        if opts.isolate:
+            statuses = _run_isolated(todo, device, run, opts)
+        else:
+            with run.unit([k.key for k, _ in todo], kind="group" if len(todo) > 1 else "case") as u:
+                statuses = measure_unit(todo, device, u, opts)
+                u.commit(statuses)
+        for s in statuses.values():
+            stats[s] = stats.get(s, 0) + 1
+        bar.update(len(todo))
+    bar.close()
     return stats
+
+
+# --- --isolate -------------------------------------------------------------------------------
+
+def _child_main(todo, device: str, path: str, base: dict, run_dir: str, opts: SweepOptions, conn) -> None:
+    """Body of an isolated child: measure one unit into the parent's pending file."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
+    try:  # die with the parent (Linux): an orphan must not go on writing
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort off Linux
+        pass
+    from pathlib import Path
+    w = StagingWriter(Path(path), base, Path(run_dir))
+    statuses = measure_unit(todo, torch.device(device), w, opts,
+                            heartbeat=lambda label, weight: conn.send(("beat", label, weight)))
+    conn.send(("done", statuses))
+
+
+def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts: SweepOptions
+                ) -> tuple[dict[str, str] | None, str | None]:
+    """Run one unit in a spawned child; ``(statuses, None)`` or ``(None, what went wrong)``."""
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child_main, daemon=True,
+                    args=(todo, str(device), str(unit.path), unit.base, str(unit.run_dir), opts, send))
+    p.start()
+    send.close()
+    deadline = time.monotonic() + STARTUP_S + opts.case_timeout
+    try:
+        while True:
+            if recv.poll(0.2):
+                try:
+                    msg = recv.recv()
+                except EOFError:  # the child closed its end: it died
+                    p.join(5)
+                    return None, _death(p.exitcode)
+                if msg[0] == "done":
+                    p.join(30)
+                    return msg[1], None
+                deadline = time.monotonic() + opts.case_timeout * msg[2]
+            elif not p.is_alive():
+                return None, _death(p.exitcode)
+            elif time.monotonic() > deadline:
+                return None, f"hung: no progress for {opts.case_timeout:g} s (--case-timeout)"
+    finally:
+        if p.is_alive():
+            p.kill()
+        p.join(10)
+        recv.close()
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"crashed: killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"crashed: killed by signal {-code}"
+    return f"crashed: exit status {code}"
+
+
+def _run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunWriter,
+                  opts: SweepOptions) -> dict[str, str]:
+    """One unit under ``--isolate``; after a crash or a hang, its cases one by one."""
+    kind = "group" if len(todo) > 1 else "case"
+    u = run.unit([c.key for c, _ in todo], kind=kind)
+    try:
+        statuses, failure = _spawn_unit(todo, device, u, opts)
+    except BaseException:
+        u.abandon("interrupted")
+        raise
+    if failure is None:
+        u.commit(statuses)
+        return statuses
+    u.abandon(f"{failure} (under --isolate, {len(todo)} case(s))")
+    out: dict[str, str] = {}
+    for case, first in todo:
+        if len(todo) > 1:
+            u1 = run.unit([case.key], kind="case")
+            try:
+                st, fail = _spawn_unit([(case, first)], device, u1, opts)
+            except BaseException:
+                u1.abandon("interrupted")
+                raise
+            if fail is None:
+                u1.commit(st)
+                out.update(st)
+                continue
+            u1.abandon(f"{fail} (under --isolate, alone)")
+            fail = f"{fail} under --isolate, in its group and alone"
+        else:
+            fail = f"{failure} under --isolate"
+        with run.unit([case.key], kind="case") as ue:
+            ue.write(**case.columns(), metric="step_time", unit="ms", status="error", error=fail)
+            ue.commit({case.key: "error"})
+        out[case.key] = "error"
+    return out

@@ -24,12 +24,13 @@ import torch
 from tqdm import tqdm
 
 from routers import router_options as _router_options
-from workloads.config import ConfigError, DecoderConfig
+from routers.errors import ConfigError
+from workloads.config import DecoderConfig
 from workloads.data import CharCorpus, fixed_val_batches, random_batches
 from workloads.decoder import Decoder, decay_groups
 
 from .modes import lm_loss
-from .records import RecordWriter
+from .rundir import StagingWriter
 from .timing import synchronize
 
 
@@ -79,8 +80,17 @@ class TrainConfig:
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def train_options(router: str, options: dict) -> dict:
+    """The options a training run of ``router`` is built with (``impl`` dropped where the router
+    has a single implementation)."""
+    if "impl" not in _router_options(router):
+        return {k: v for k, v in options.items() if k != "impl"}
+    return dict(options)
+
+
 def train_case_key(router: str, options: dict, tc: TrainConfig, seed: int, corpus_sha: str) -> str:
-    """Identity of one training run inside a results directory (for resume)."""
+    """Identity of one training run inside a results directory (the unit of resume)."""
+    options = train_options(router, options)
     fields = {k: v for k, v in asdict(tc).items() if k != "cfg"}
     return f"train|{router}|{sorted(options.items())}|{tc.cfg}|{sorted(fields.items())}|{seed}|{corpus_sha[:12]}"
 
@@ -97,7 +107,7 @@ def evaluate(model: Decoder, batches: list, device: torch.device) -> float:
 
 
 def run_training(router: str, options: dict, corpus: CharCorpus, tc: TrainConfig, seed: int,
-                 device: torch.device, w: RecordWriter, progress: bool = True) -> dict:
+                 device: torch.device, w: StagingWriter, progress: bool = True) -> dict:
     """Train ``router`` on ``corpus`` to ``tc.target_loss``; append its rows to ``w``.
 
     Returns:
@@ -105,8 +115,7 @@ def run_training(router: str, options: dict, corpus: CharCorpus, tc: TrainConfig
         (s or None), ``steps_to_target``, ``final_val_loss``.
     """
     cfg = tc.cfg.replace(vocab_size=corpus.vocab_size)
-    if "impl" not in _router_options(router):
-        options = {k: v for k, v in options.items() if k != "impl"}
+    options = train_options(router, options)
     key = train_case_key(router, options, tc, seed, corpus.sha256)
     cols = {"case_key": key, "router": router, "router_options": options,
             "impl": options.get("impl", "naive"), "backend": "eager", "mode": "train", "seed": seed,
@@ -198,6 +207,5 @@ def run_training(router: str, options: dict, corpus: CharCorpus, tc: TrainConfig
         else:
             w.write(**cols, metric="loss_at_token_budget", unit="nats", status="skipped",
                     error="stopped at target before the token budget (--stop-at-target)")
-    w.mark_done(key)
     return {"status": status, "time_to_target": reached[0] if reached else None,
             "steps_to_target": reached[1] if reached else None, "final_val_loss": val_loss}

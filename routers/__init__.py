@@ -11,12 +11,14 @@ import importlib
 import pkgutil
 
 from .base import Router, Slot, block_layout, default_n_blocks
-from .registry import ROUTERS, build_router, register, router_class, router_options
+from .errors import ConfigError
+from .registry import (ROUTERS, build_router, check_router_options, register, router_class,
+                       router_options)
 
-_INFRA = {"base", "registry", "mixer", "two_phase"}
+_INFRA = {"base", "errors", "registry", "mixer", "two_phase"}
 for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _INFRA and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")
 
-__all__ = ["ROUTERS", "Router", "Slot", "block_layout", "build_router", "default_n_blocks",
+__all__ = ["ConfigError", "ROUTERS", "Router", "Slot", "block_layout", "build_router", "check_router_options", "default_n_blocks",
            "register", "router_class", "router_options"]

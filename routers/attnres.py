@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from workloads.config import ConfigError
+from .errors import ConfigError
 
 from .base import Router, Slot, block_layout
 from . import two_phase
@@ -73,7 +73,7 @@ class BlockAttnRes(Router):
                  block_unit: str = "layer", key_norm_gain: bool = False, impl: str = "naive") -> None:
         super().__init__(d_model, n_layers)
         if impl not in self.impls:
-            raise ConfigError(f"--impls: {impl!r} is not an implementation of {self.name}; "
+            raise ConfigError(f"impl {impl!r} is not an implementation of {self.name}; "
                               f"choose one of {self.impls}")
         self.impl = impl
         self.block_unit = block_unit

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from workloads.config import ConfigError
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,16 @@ def block_layout(n_layers: int, n_blocks: int | None = None, block_unit: str = "
         ConfigError: unknown ``block_unit``, or ``n_blocks`` < 1 or more than the units.
     """
     if block_unit not in ("layer", "sublayer"):
-        raise ConfigError(f"--router-options block_unit must be 'layer' or 'sublayer', got {block_unit!r}")
+        raise ConfigError(f"block_unit must be 'layer' or 'sublayer', got {block_unit!r}")
     units = n_layers if block_unit == "layer" else 2 * n_layers
     per_unit = 2 if block_unit == "layer" else 1
     if n_blocks is None:
         n_blocks = default_n_blocks(n_layers)
-    if not isinstance(n_blocks, int) or not 1 <= n_blocks <= units:
-        raise ConfigError(f"--router-options n_blocks={n_blocks!r} must be in 1..{units} "
+    if not isinstance(n_blocks, int) or isinstance(n_blocks, bool):
+        raise ConfigError(f"n_blocks must be an integer in 1..{units}, got {n_blocks!r} "
+                          f"({type(n_blocks).__name__})")
+    if not 1 <= n_blocks <= units:
+        raise ConfigError(f"n_blocks={n_blocks} must be in 1..{units} "
                           f"({block_unit}s available with block_unit={block_unit!r})")
     base = units // n_blocks
     sizes = [base] * (n_blocks - 1) + [units - base * (n_blocks - 1)]

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from workloads.config import ConfigError
+from .errors import ConfigError
 
 from .attnres import BlockAttnRes
 from .base import Slot
@@ -66,13 +66,13 @@ class MultiResolutionRouter(BlockAttnRes):
         super().__init__(d_model, n_layers, n_blocks=n_blocks, block_unit=block_unit,
                          key_norm_gain=key_norm_gain, impl=impl)
         if partial_details not in PARTIAL_DETAILS:
-            raise ConfigError(f"--router-options partial_details must be one of {PARTIAL_DETAILS}, "
+            raise ConfigError(f"partial_details must be one of {PARTIAL_DETAILS}, "
                               f"got {partial_details!r}")
         if not max_detail_scale > 0:
-            raise ConfigError(f"--router-options max_detail_scale must be > 0, got {max_detail_scale!r}")
+            raise ConfigError(f"max_detail_scale must be > 0, got {max_detail_scale!r}")
         odd = sorted({s.block_len for s in self.slots if s.block_len % 2})
         if odd:
-            raise ConfigError(f"--router-options: {self.name} needs blocks of an even number of "
+            raise ConfigError(f"{self.name} needs blocks of an even number of "
                               f"sublayers (zero-sum details); block_unit={block_unit!r}, "
                               f"n_blocks={self.n_blocks} gives lengths {odd}")
         self.max_detail_scale = float(max_detail_scale)

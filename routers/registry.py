@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import types
+import typing
 from typing import Any, Callable
 
-from workloads.config import ConfigError
+from .errors import ConfigError
 
 #: name -> router class, filled by :func:`register` when ``routers`` is imported.
 ROUTERS: dict[str, type] = {}
@@ -48,22 +50,81 @@ def router_options(name: str) -> dict[str, Any]:
             if p.kind is p.KEYWORD_ONLY}
 
 
+def option_types(name: str) -> dict[str, Any]:
+    """The type hint of each keyword option of router ``name`` (``int | None`` for ``n_blocks``)."""
+    hints = typing.get_type_hints(router_class(name).__init__)
+    return {k: hints.get(k, Any) for k in router_options(name)}
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    if hint is Any:
+        return True
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for t in args:
+        if t is type(None) and value is None:
+            return True
+        if t is bool and isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if t is str and isinstance(value, str):
+            return True
+    return False
+
+
+def _type_name(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+             type(None): "null"}
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args if a is not type(None))
+
+
+def check_router_options(name: str, options: dict[str, Any], d_model: int, n_layers: int,
+                         label: str = "--router-options") -> None:
+    """Check the options of router ``name`` for a ``d_model`` × ``n_layers`` decoder: their names,
+    their types (from the router's signature) and their values (by building the router, which is
+    tiny). Messages start with ``label`` (the flag, or the TOML key and file).
+
+    Raises:
+        ConfigError: unknown router, unknown option (listing the valid ones), a value of the
+            wrong type or out of range.
+    """
+    known = router_options(name)
+    unknown = set(options) - set(known)
+    if unknown:
+        raise ConfigError(f"{label}: router {name!r} has no option(s) {sorted(unknown)}; "
+                          f"its options: {', '.join(sorted(known)) or 'none'}")
+    for key, hint in option_types(name).items():
+        if key in options and not _accepts(hint, options[key]):
+            v = options[key]
+            raise ConfigError(f"{label}: {name}.{key} must be {_type_name(hint)}, got {v!r} "
+                              f"({type(v).__name__})")
+    try:
+        router_class(name)(d_model, n_layers, **options)
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {name}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{label}: {name}: invalid option value ({exc})") from None
+
+
 def build_router(name: str, d_model: int, n_layers: int, **options: Any):
     """Construct router ``name`` for a decoder of width ``d_model`` and ``n_layers`` layers.
 
     Raises:
         ConfigError: unknown router, unknown option (the message lists the valid ones) or an
-            invalid option value.
+            invalid option value (:func:`check_router_options`).
     """
     cls = router_class(name)
     known = router_options(name)
     unknown = set(options) - set(known)
     if unknown:
         raise ConfigError(f"--router-options: router {name!r} has no option(s) {sorted(unknown)}; "
-                          f"its options: {sorted(known) or 'none'}")
+                          f"its options: {', '.join(sorted(known)) or 'none'}")
     try:
         return cls(d_model, n_layers, **options)
+    except ConfigError as exc:
+        raise ConfigError(f"--router-options: {name}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"--router-options: router {name!r}: invalid option value ({exc})") from None
+        raise ConfigError(f"--router-options: {name}: invalid option value ({exc})") from None

@@ -27,16 +27,31 @@ backward (tests/test_two_phase.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from .base import Slot
 from .mixer import EPS, softmax_dtype
 
-if TYPE_CHECKING:
-    from .attnres import BlockAttnRes
-    from .base import Slot
+
+class BlockRouter(Protocol):
+    """What the two-phase schedule reads of a block router (``routers.attnres.BlockAttnRes`` and
+    its subclasses); a protocol, so this module does not import the routers that import it."""
+
+    slots: tuple[Slot, ...]
+    n_layers: int
+    n_blocks: int
+    pseudo_query: nn.Parameter
+    key_gain: nn.Parameter | None
+    detail_bias: nn.Parameter | None
+    detail_kinds: tuple[str, ...]
+    readout_details: bool
+    max_detail_scale: float  # multi-resolution routers only
+
+    def _match(self, detail: Tensor, state: Tensor) -> Tensor: ...
+    def _partial_kinds(self, slot: Slot) -> tuple[int, ...]: ...
 
 
 class TwoPhaseState(NamedTuple):
@@ -68,13 +83,13 @@ def inv_rms(v: Tensor) -> Tensor:
     return torch.rsqrt(ms + EPS)
 
 
-def queries(r: "BlockAttnRes", reads: list[int]) -> Tensor:
+def queries(r: BlockRouter, reads: list[int]) -> Tensor:
     """Pseudo-queries of the given reads with any key gain folded in, (m, d)."""
     q = r.pseudo_query[reads]
     return q if r.key_gain is None else q * r.key_gain[reads]
 
 
-def bias_matrix(r: "BlockAttnRes", reads: list[int], kinds: tuple[int | None, ...]) -> Tensor | None:
+def bias_matrix(r: BlockRouter, reads: list[int], kinds: tuple[int | None, ...]) -> Tensor | None:
     """Logit bias (m, n) of each read over sources of the given kinds (None = state source)."""
     if all(k is None for k in kinds) or not r.detail_kinds:
         return None
@@ -83,8 +98,8 @@ def bias_matrix(r: "BlockAttnRes", reads: list[int], kinds: tuple[int | None, ..
     return table[:, [0 if k is None else k + 1 for k in kinds]]
 
 
-def phase1(r: "BlockAttnRes", values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
-           block_slots: list["Slot"], kinds: tuple[int | None, ...]) -> tuple[Tensor, Tensor, Tensor]:
+def phase1(r: BlockRouter, values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
+           block_slots: list[Slot], kinds: tuple[int | None, ...]) -> tuple[Tensor, Tensor, Tensor]:
     """All m queries of a block against the n completed sources in one batched pass.
 
     Returns:
@@ -104,7 +119,7 @@ def phase1(r: "BlockAttnRes", values: tuple[Tensor, ...], inv: tuple[Tensor, ...
     return o, mx, s
 
 
-def phase2(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot") -> Tensor:
+def phase2(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
     """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``.
 
     The partial sources are P and its visible details D̃ = c·D with the detached RMS-matching
@@ -145,28 +160,28 @@ def phase2(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot") -> Tensor:
     return out
 
 
-def completed_kinds(r: "BlockAttnRes", n_blocks_done: int) -> tuple[int | None, ...]:
+def completed_kinds(r: BlockRouter, n_blocks_done: int) -> tuple[int | None, ...]:
     """Kinds of ``values``: the embedding, then per block C and its details."""
     return (None,) + ((None,) + tuple(range(len(r.detail_kinds)))) * n_blocks_done
 
 
-def block_slots(r: "BlockAttnRes", block: int) -> list["Slot"]:
+def block_slots(r: BlockRouter, block: int) -> list[Slot]:
     return [s for s in r.slots if s.block == block]
 
 
-def init_state(r: "BlockAttnRes", e: Tensor) -> TwoPhaseState:
+def init_state(r: BlockRouter, e: Tensor) -> TwoPhaseState:
     values, inv = (e,), (inv_rms(e),)
     o, mx, s = phase1(r, values, inv, block_slots(r, 1), completed_kinds(r, 0))
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
-def read(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot") -> Tensor:
+def read(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
     if slot.pos == 0:
         return st.block_out[0]
     return phase2(r, st, slot)
 
 
-def write(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", partial: Tensor,
+def write(r: BlockRouter, st: TwoPhaseState, slot: Slot, partial: Tensor,
           details: tuple[Tensor, ...]) -> TwoPhaseState:
     """New state once the block's running sums (P, raw details) include this slot's update."""
     if not slot.last_in_block:
@@ -181,7 +196,7 @@ def write(r: "BlockAttnRes", st: TwoPhaseState, slot: "Slot", partial: Tensor,
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
-def output(r: "BlockAttnRes", st: TwoPhaseState) -> Tensor:
+def output(r: BlockRouter, st: TwoPhaseState) -> Tensor:
     """Readout over (e, C_1…C_N) (+ details with ``readout_details``) with the cached inverse RMS."""
     if r.readout_details:
         kinds = completed_kinds(r, r.n_blocks)

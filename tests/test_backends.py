@@ -6,12 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
-import harness.sweep as sweep
+import harness.measure as measure
 from harness import backends
 from harness.cases import expand
 from harness.cudagraph import CaptureError, GraphedStep, StaticInputs, preflight
 from harness.modes import lm_loss, make_step, prefill_for_decode
-from harness.records import RecordWriter, read_jsonl
+from harness.records import load_rows
+from harness.rundir import RunWriter
 from harness.sweep import SweepOptions, run_sweep
 from harness.timing import TimingPolicy
 from routers import ROUTERS, router_options
@@ -65,7 +66,7 @@ def test_compile_equals_eager(name, impl):
 @pytest.mark.compile
 def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypatch):
     """A shape change after warm-up makes dynamo recompile; the guard turns it into an error."""
-    real = sweep.make_step
+    real = measure.make_step
     calls = {"n": 0}
 
     def shape_changing_step(model, mode, x, y, **kw):
@@ -76,11 +77,11 @@ def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypa
             return steps[calls["n"] > 3]()  # compile + 2 warm-up steps, then a new shape
         return step
 
-    monkeypatch.setattr(sweep, "make_step", shape_changing_step)
-    w = RecordWriter(tmp_path, "run", "s")
+    monkeypatch.setattr(measure, "make_step", shape_changing_step)
     case = expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["compile"])
-    assert run_sweep(case, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1}
-    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    with RunWriter(tmp_path, "run", "s") as w:
+        assert run_sweep(case, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1}
+    rows = pd.DataFrame(load_rows([tmp_path]))
     assert not ((rows.metric == "step_time") & (rows.status == "ok")).any()
     err = rows[rows.status == "error"].error.iloc[0]
     assert "Recompil" in err or "recompil" in err, err
@@ -93,9 +94,9 @@ def test_backends_that_cannot_run_here_are_skipped_rows(tmp_path):
     cases = (expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["cudagraph"])
              + expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["compile"],
                       compile_modes=["reduce-overhead"]))
-    w = RecordWriter(tmp_path, "run", "s")
-    assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "skipped": 2}
-    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    with RunWriter(tmp_path, "run", "s") as w:
+        assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "skipped": 2}
+    rows = pd.DataFrame(load_rows([tmp_path]))
     assert rows.status.tolist() == ["skipped", "skipped"]
     assert "no CUDA device" in rows.error.iloc[0] and "reduce-overhead" in rows.error.iloc[1]
 
@@ -104,12 +105,12 @@ def test_capture_failure_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeyp
     def failing(*a, **k):
         raise CaptureError("capture of mode fwd failed: synthetic cause")
 
-    monkeypatch.setattr(sweep, "GraphedStep", failing)
+    monkeypatch.setattr(measure, "GraphedStep", failing)
     monkeypatch.setattr(backends, "unavailable_reason", lambda *a: None)  # pretend CUDA is here
     cases = expand(["prenorm", "haares"], CFG, [16], [2], ["fwd"], backends=["cudagraph"])
-    w = RecordWriter(tmp_path, "run", "s")
-    assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 2}
-    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    with RunWriter(tmp_path, "run", "s") as w:
+        assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 2}
+    rows = pd.DataFrame(load_rows([tmp_path]))
     assert (rows[rows.status == "error"].error.str.contains("synthetic cause")).all()
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import workloads.decoder
 from harness.cli import main
-from harness.records import load_rows
+from harness.records import END, LEGACY_DONE_FILE, load_rows, read_jsonl
 from routers import ROUTERS
 
 from paths import SHAKESPEARE
@@ -31,16 +31,16 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["run", "--routers", "prenorm,nope"], "--routers: unknown router 'nope'"),
-    (["run", "--widths", "90", "--depths", "2"], "--widths 90 / --depths 2 with 4 heads"),
+    (["run", "--routers", "prenorm,nope"], "--routers: 'nope' is not one of"),
+    (["run", "--widths", "90", "--depths", "2"], "--widths 90 is not divisible by --n-heads 4"),
     (["run", "--n-heads", "3"], "not divisible by --n-heads 3"),
-    (["run", "--router-options", "{bad json"], "--router-options must be JSON"),
+    (["run", "--router-options", "{bad json"], "--router-options must be a JSON object"),
     (["run", "--router-options", '{"haares": {"n_blocks": 99}}'], "n_blocks=99"),
-    (["run", "--backends", "tpu"], "--backends: unknown backend 'tpu'"),
-    (["run", "--data", "/no/such/dir"], "--data DIR: no such directory"),
-    (["train", "--target-loss", "2", "--data", "/no/such/dir"], "--data DIR: no such directory"),
-    (["train", "--target-loss", "-1"], "--target-loss must be a positive"),
-    (["train", "--target-loss", "2", "--routers", "nope"], "--routers: unknown router"),
+    (["run", "--backends", "tpu"], "--backends: 'tpu' is not one of eager, compile, cudagraph"),
+    (["run", "--data", "/no/such/dir"], "--data: no such directory '/no/such/dir'"),
+    (["train", "--target-loss", "2", "--data", "/no/such/dir"], "--data: no such directory '/no/such/dir'"),
+    (["train", "--target-loss", "-1"], "--target-loss must be > 0"),
+    (["train", "--target-loss", "2", "--routers", "nope"], "--routers: 'nope' is not one of"),
     (["data", "prepare", "--text", "/no/such.txt", "--out", "x"], "--text FILE: no such file"),
 ])
 def test_bad_input_is_one_line_naming_the_option(tmp_path, no_models, args, needle):
@@ -64,15 +64,22 @@ def test_run_end_to_end_and_resume(tmp_path):
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     run_dir = next(tmp_path.glob("*/r1"))
-    for name in ("records.jsonl", "manifest.json", "report.html", "report.md", "done.jsonl"):
+    for name in ("records.jsonl", "manifest.json", "report.html", "report.md", "spec.toml"):
         assert (run_dir / name).exists(), name
+    assert not (run_dir / LEGACY_DONE_FILE).exists()
+    assert END in read_jsonl(run_dir / "records.jsonl")[-1]  # the records end in an end marker
     df = pd.DataFrame(load_rows([run_dir]))
     st = df[df.metric == "step_time"]
     assert len(st) == 2 * 2 * 2 * 2  # routers x widths x modes x repeats
     assert set(df[df.metric == "fwd_flops_fvcore"].d_model) == {16, 32}
+    n_lines = len(read_jsonl(run_dir / "records.jsonl"))
     res = invoke(*args)
+    assert res.exit_code == 0, res.output
     assert "resuming" in res.output and "'resumed': 8" in res.output
     assert len(pd.DataFrame(load_rows([run_dir])).query("metric == 'step_time'")) == len(st)
+    lines = read_jsonl(run_dir / "records.jsonl")
+    assert len(lines) == n_lines and END in lines[-1]  # nothing appended, still ends in a marker
+    assert not (run_dir / LEGACY_DONE_FILE).exists()
 
 
 @pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"real text absent: {SHAKESPEARE}")

@@ -11,7 +11,8 @@ from torch import nn
 
 from harness.cases import Case, expand
 from harness.memory import saved_activation_bytes
-from harness.records import COLUMNS, RecordWriter, load_rows, read_jsonl
+from harness.records import ABORTED_DIR, COLUMNS, load_rows, read_jsonl
+from harness.rundir import RunWriter
 from harness.sweep import SweepOptions, run_sweep
 from harness.timing import TimingPolicy, median_iqr
 from workloads.config import ConfigError, DecoderConfig
@@ -22,10 +23,14 @@ FAST = SweepOptions(timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, re
 
 
 def test_records_round_trip_into_pandas(tmp_path):
-    w = RecordWriter(tmp_path, "run1", "s1", base={"device": "cpu"})
-    w.write(router="haares", router_options={"n_blocks": 2}, metric="step_time", value=1.5,
-            unit="ms", repeat=0, d_model=16)
-    w.write(router="haares", metric="time_to_target", unit="s", status="not_converged", error="budget")
+    with RunWriter(tmp_path, "run1", "s1", base={"device": "cpu"}) as w, w.unit(["c"]) as u:
+        u.write(router="haares", router_options={"n_blocks": 2}, metric="step_time", value=1.5,
+                unit="ms", repeat=0, d_model=16)
+        u.write(router="haares", metric="time_to_target", unit="s", status="not_converged", error="budget")
+        with pytest.raises(ValueError, match="unknown record column"):
+            u.write(bogus=1)
+        with pytest.raises(ValueError, match="status"):
+            u.write(status="fine")
     with open(tmp_path / "records.jsonl", "a") as fh:
         fh.write('{"run_id": "run1", "metr')  # a row torn by an interruption
     df = pd.DataFrame(load_rows([tmp_path]))
@@ -34,24 +39,23 @@ def test_records_round_trip_into_pandas(tmp_path):
     assert df.loc[0, "value"] == 1.5 and df.loc[0, "unit"] == "ms" and df.loc[0, "device"] == "cpu"
     assert json.loads(df.loc[0, "router_options"]) == {"n_blocks": 2}
     assert df.loc[1, "status"] == "not_converged" and pd.isna(df.loc[1, "value"])
-    with pytest.raises(ValueError, match="unknown record column"):
-        w.write(bogus=1)
-    with pytest.raises(ValueError, match="status"):
-        w.write(status="fine")
 
 
 def test_sweep_resumes_without_redoing_or_losing_cases(tmp_path):
     cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd_bwd"])
-    w1 = RecordWriter(tmp_path, "run", "s1")
-    # An earlier session that was interrupted inside haares's case: rows written, case not done.
-    w1.write(**cases[1].columns(), metric="step_time", value=99.0, unit="ms", repeat=0)
+    w1 = RunWriter(tmp_path, "run", "s1")
     stats = run_sweep(cases[:1], torch.device("cpu"), w1, FAST, progress=False)
     assert stats == {"resumed": 0, "ok": 1}
-    w2 = RecordWriter(tmp_path, "run", "s2")
+    # The earlier session was then interrupted inside haares's case: rows written, unit not committed.
+    w1.unit([cases[1].key]).write(**cases[1].columns(), metric="step_time", value=99.0, unit="ms", repeat=0)
+    w1.close()
+    w2 = RunWriter(tmp_path, "run", "s2")
+    assert w2.recovered["pending_units"] == 1
     stats = run_sweep(cases, torch.device("cpu"), w2, FAST, progress=False)
+    w2.close()
     assert stats == {"resumed": 1, "ok": 1}
-    all_rows = read_jsonl(tmp_path / "records.jsonl")
-    assert any(r["value"] == 99.0 for r in all_rows)  # nothing measured is lost...
+    aborted = [r for f in sorted((tmp_path / ABORTED_DIR).glob("s1-*.jsonl")) for r in read_jsonl(f)]
+    assert any(r["value"] == 99.0 for r in aborted)  # nothing measured is lost...
     kept = pd.DataFrame(load_rows([tmp_path]))
     st = kept[kept.metric == "step_time"]
     assert 99.0 not in st.value.tolist()  # ...but the finished attempt is the one reported
@@ -62,19 +66,19 @@ def test_sweep_resumes_without_redoing_or_losing_cases(tmp_path):
 
 
 def test_failing_case_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
-    import harness.sweep as sweep
+    import harness.measure as measure
     cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
-    real = sweep.build_model
+    real = measure.build_model
 
     def broken(case, device):
         if case.router == "prenorm":
             raise RuntimeError("synthetic failure")
         return real(case, device)
 
-    monkeypatch.setattr(sweep, "build_model", broken)
-    w = RecordWriter(tmp_path, "run", "s")
-    assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1, "ok": 1}
-    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    monkeypatch.setattr(measure, "build_model", broken)
+    with RunWriter(tmp_path, "run", "s") as w:
+        assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1, "ok": 1}
+    rows = pd.DataFrame(load_rows([tmp_path]))
     err = rows[rows.status == "error"]
     assert err.router.tolist() == ["prenorm"] and "synthetic failure" in err.error.iloc[0]
 

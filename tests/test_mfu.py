@@ -9,7 +9,8 @@ import pytest
 
 from harness.env import write_manifest
 from harness.peak import model_flops_per_step, mfu, peak_flops, tokens_per_step
-from harness.records import MANIFEST_FILE, RecordWriter
+from harness.records import MANIFEST_FILE
+from harness.rundir import RunWriter
 from reports import build_report, load_frame
 from reports.tables import load_manifests, mfu_table
 
@@ -68,16 +69,16 @@ def test_tokens_per_step():
 def write_run(root, run_id, device, device_name, cases):
     """A run directory with a manifest and, per (router, mode, times), a cost case."""
     d = root / run_id
-    w = RecordWriter(d, run_id=run_id, session="s1", base={"device": device})
-    for router, mode, times in cases:
-        case = dict(case_key=f"{router}-{mode}", router=router, router_options={}, impl="naive",
-                    backend="eager", mode=mode, workload="decoder", d_model=D, n_layers=L,
-                    n_heads=H, seq_len=T, batch_size=B, dtype="bfloat16", seed=0)
-        for i, t in enumerate(times):
-            w.write(**case, repeat=i, metric="step_time", value=t, unit="ms")
-        w.write(**case, metric="params_matrix", value=N, unit="count")
-        w.write(**case, metric="router_flops_analytic", value=R, unit="FLOP")
-        w.mark_done(case["case_key"])
+    with RunWriter(d, run_id=run_id, session="s1", base={"device": device}) as w:
+        for router, mode, times in cases:
+            case = dict(case_key=f"{router}-{mode}", router=router, router_options={}, impl="naive",
+                        backend="eager", mode=mode, workload="decoder", d_model=D, n_layers=L,
+                        n_heads=H, seq_len=T, batch_size=B, dtype="bfloat16", seed=0)
+            with w.unit([case["case_key"]]) as u:  # one unit of resume per case
+                for i, t in enumerate(times):
+                    u.write(**case, repeat=i, metric="step_time", value=t, unit="ms")
+                u.write(**case, metric="params_matrix", value=N, unit="count")
+                u.write(**case, metric="router_flops_analytic", value=R, unit="FLOP")
     if device_name is None:
         write_manifest(d, device, {"run_id": run_id})        # this machine: a CPU
     else:
@@ -125,7 +126,7 @@ def test_mfu_in_report(tmp_path):
 
 def test_empty_frame(tmp_path):
     d = tmp_path / "empty"
-    RecordWriter(d, run_id="empty", session="s1")
+    RunWriter(d, run_id="empty", session="s1").close()
     (d / "records.jsonl").touch()
     t = mfu_table(load_frame([d]), {})
     assert t.empty and "mfu_pct" in t.columns

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 import harness.paired as paired
 from harness.cases import expand
 from harness.cli import main
-from harness.records import RecordWriter, load_rows, read_jsonl
+from harness.records import load_rows, read_jsonl, units
+from harness.rundir import RunWriter
 from harness.sweep import SweepOptions, run_sweep
 from harness.timing import TimingPolicy
 from reports import build_report, load_frame, paired_ratio_figure, paired_ratio_table
@@ -111,8 +112,8 @@ def test_paired_sweep_writes_pair_columns_with_prenorm_first(tmp_path, monkeypat
 
     monkeypatch.setattr(paired, "time_paired", spy)
     cases = expand(["haares", "prenorm"], TINY, [16], [2], ["fwd", "fwd_bwd"])
-    w = RecordWriter(tmp_path, "run", "s1", base={"device": "cpu"})
-    assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 4}
+    with RunWriter(tmp_path, "run", "s1", base={"device": "cpu"}) as w:
+        assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 4}
     assert len(seen) == 2  # one group per mode
     for keys in seen:
         assert keys[0].startswith("prenorm|") and keys[1].startswith("haares|")
@@ -124,28 +125,33 @@ def test_paired_sweep_writes_pair_columns_with_prenorm_first(tmp_path, monkeypat
     # every other measurement of a case is still there; no clock rows on a CPU
     assert set(rows.metric) >= {"params_matrix", "router_state", "saved_activation", "step_time"}
     assert "sm_clock_mhz" not in set(rows.metric)
-    done = [json.loads(x) for x in (tmp_path / "done.jsonl").read_text().splitlines()]
-    assert {d["case_key"] for d in done} == {c.key for c in cases}
+    # one unit of resume per group, covering every case of it
+    markers = units(tmp_path)
+    assert len(markers) == 2 and all(m["kind"] == "group" and len(m["cases"]) == 2 for m in markers)
+    assert {k for m in markers for k in m["cases"]} == {c.key for c in cases}
 
 
 def test_resume_skips_a_finished_paired_group(tmp_path):
     cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
-    w1 = RecordWriter(tmp_path, "run", "s1")
-    assert run_sweep(cases, CPU, w1, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
-    n_rows = len(read_jsonl(tmp_path / "records.jsonl"))
-    w2 = RecordWriter(tmp_path, "run", "s2")
-    assert run_sweep(cases, CPU, w2, PAIRED, progress=False) == {"resumed": 2}
+    with RunWriter(tmp_path, "run", "s1") as w1:
+        assert run_sweep(cases, CPU, w1, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
+    n_rows = len(read_jsonl(tmp_path / "records.jsonl"))  # rows and end markers
+    with RunWriter(tmp_path, "run", "s2") as w2:
+        assert run_sweep(cases, CPU, w2, PAIRED, progress=False) == {"resumed": 2}
     assert len(read_jsonl(tmp_path / "records.jsonl")) == n_rows
 
 
 def test_interrupted_group_is_redone_and_finished_cases_are_not(tmp_path):
     cases = expand(["prenorm", "haares", "block_attnres"], TINY, [16], [2], ["fwd"])
-    w1 = RecordWriter(tmp_path, "run", "s1")
+    w1 = RunWriter(tmp_path, "run", "s1")
     # an earlier session finished prenorm alone, then died inside the group's timing
     assert run_sweep(cases[:1], CPU, w1, PAIRED, progress=False) == {"resumed": 0, "ok": 1}
-    w1.write(**cases[1].columns(), metric="step_time", value=99.0, unit="ms", repeat=0, pair=0)
-    w2 = RecordWriter(tmp_path, "run", "s2")
-    assert run_sweep(cases, CPU, w2, PAIRED, progress=False) == {"resumed": 1, "ok": 2}
+    w1.unit([c.key for c in cases[1:]], kind="group").write(
+        **cases[1].columns(), metric="step_time", value=99.0, unit="ms", repeat=0, pair=0)
+    w1.close()
+    with RunWriter(tmp_path, "run", "s2") as w2:
+        assert w2.recovered["pending_units"] == 1  # the died group's rows went to aborted/
+        assert run_sweep(cases, CPU, w2, PAIRED, progress=False) == {"resumed": 1, "ok": 2}
     st = pd.DataFrame(load_rows([tmp_path])).query("metric == 'step_time'")
     assert 99.0 not in st.value.tolist()
     assert set(st[st.router == "prenorm"].session) == {"s1"} and st[st.router == "prenorm"].pair.isna().all()
@@ -159,11 +165,11 @@ def test_a_step_failing_in_paired_timing_is_its_own_error_row(tmp_path):
     def broken():
         raise RuntimeError("synthetic timing failure")
 
-    w = RecordWriter(tmp_path, "run", "s")
-    status = paired.time_group(cases, {cases[0].key: lambda: None, cases[1].key: broken}, CPU, w,
-                               PAIRED)
+    with RunWriter(tmp_path, "run", "s") as w, w.unit([c.key for c in cases], kind="group") as u:
+        status = paired.time_group(cases, {cases[0].key: lambda: None, cases[1].key: broken}, CPU, u,
+                                   PAIRED)
     assert status == {cases[0].key: "ok", cases[1].key: "error"}
-    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    rows = pd.DataFrame(load_rows([tmp_path]))
     assert "synthetic timing failure" in rows[rows.status == "error"].error.iloc[0]
     ok = rows[(rows.status == "ok") & (rows.metric == "step_time")]
     assert ok.router.unique().tolist() == ["prenorm"] and ok.pair.isna().all()  # timed alone
@@ -177,9 +183,9 @@ def test_sm_clock_is_silent_on_cpu():
 @pytest.mark.slow
 def test_compiled_models_of_a_group_coexist_without_recompiling(tmp_path):
     cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"], backends=["compile"])
-    w = RecordWriter(tmp_path, "run", "s")
-    assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
-    rows = pd.DataFrame(read_jsonl(tmp_path / "records.jsonl"))
+    with RunWriter(tmp_path, "run", "s") as w:
+        assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
+    rows = pd.DataFrame(load_rows([tmp_path]))
     st = rows[rows.metric == "step_time"]
     assert (st.status == "ok").all() and st.pair.notna().all() and len(st) == 6
     assert (rows[rows.metric == "compile_time"].value > 0).all()
@@ -211,21 +217,22 @@ HAARES = [12.0, 13.5, 10.0, 12.0, 15.0]
 
 
 def write_group(w, times_by_router, *, d_model=64, mode="fwd", pair=True):
-    for router, times in times_by_router.items():
-        key = f"{router}|{mode}|d{d_model}"
-        cols = dict(case_key=key, router=router, router_options={}, impl="naive", backend="eager",
-                    mode=mode, workload="decoder", d_model=d_model, n_layers=2, n_heads=4,
-                    seq_len=64, batch_size=2, dtype="float32", seed=0)
-        for i, t in enumerate(times):
-            w.write(**cols, metric="step_time", value=t, unit="ms", repeat=i, pair=i if pair else None)
-        w.mark_done(key)
+    """One group of a sweep, recorded as its unit of resume."""
+    keys = {router: f"{router}|{mode}|d{d_model}" for router in times_by_router}
+    with w.unit(keys.values(), kind="group") as u:
+        for router, times in times_by_router.items():
+            cols = dict(case_key=keys[router], router=router, router_options={}, impl="naive",
+                        backend="eager", mode=mode, workload="decoder", d_model=d_model, n_layers=2,
+                        n_heads=4, seq_len=64, batch_size=2, dtype="float32", seed=0)
+            for i, t in enumerate(times):
+                u.write(**cols, metric="step_time", value=t, unit="ms", repeat=i, pair=i if pair else None)
 
 
 def test_report_ratio_is_the_median_of_per_pair_ratios(tmp_path):
-    w = RecordWriter(tmp_path, "run-a", "s1", base={"device": "cpu"})
-    write_group(w, {"prenorm": PRENORM, "haares": HAARES})
-    write_group(w, {"prenorm": PRENORM, "haares": HAARES}, mode="fwd_bwd", pair=False)  # unpaired
-    write_group(w, {"haares": HAARES}, d_model=128)  # paired, but no prenorm in its group
+    with RunWriter(tmp_path, "run-a", "s1", base={"device": "cpu"}) as w:
+        write_group(w, {"prenorm": PRENORM, "haares": HAARES})
+        write_group(w, {"prenorm": PRENORM, "haares": HAARES}, mode="fwd_bwd", pair=False)  # unpaired
+        write_group(w, {"haares": HAARES}, d_model=128)  # paired, but no prenorm in its group
     t = paired_ratio_table(load_frame([tmp_path]))
     assert len(t) == 1
     row = t.iloc[0]
@@ -243,9 +250,9 @@ def test_report_has_the_paired_section_and_figures(tmp_path):
     runs = []
     for run_id, scale in (("run-a", 1.0), ("run-b", 1.05)):
         d = tmp_path / run_id
-        w = RecordWriter(d, run_id, "s1", base={"device": "cpu"})
-        write_group(w, {"prenorm": PRENORM, "haares": [t * scale for t in HAARES],
-                        "block_attnres": [t * 1.1 for t in PRENORM]})
+        with RunWriter(d, run_id, "s1", base={"device": "cpu"}) as w:
+            write_group(w, {"prenorm": PRENORM, "haares": [t * scale for t in HAARES],
+                            "block_attnres": [t * 1.1 for t in PRENORM]})
         runs.append(d)
     single = build_report(runs[:1])
     assert single["paired_ratios.png"].read_bytes()[:8] == PNG_MAGIC
@@ -260,7 +267,8 @@ def test_report_has_the_paired_section_and_figures(tmp_path):
     assert path.name == "paired_ratios.png"
     # without paired rows: no figure, and the report says why
     d = tmp_path / "unpaired"
-    write_group(RecordWriter(d, "run-u", "s1"), {"prenorm": PRENORM, "haares": HAARES}, pair=False)
+    with RunWriter(d, "run-u", "s1") as w:
+        write_group(w, {"prenorm": PRENORM, "haares": HAARES}, pair=False)
     assert paired_ratio_figure(load_frame([d]), d) is None
     out = build_report([d])
     assert "paired_ratios.png" not in out and "No paired step times" in out["report.md"].read_text()

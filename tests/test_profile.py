@@ -16,7 +16,8 @@ from harness.cases import Case
 from harness.cli import main
 from harness.modes import lm_loss
 from harness.profile import METHODS, check_methods, profile_case, profile_labels
-from harness.records import RecordWriter, read_jsonl
+from harness.records import load_rows, units
+from harness.rundir import RunWriter
 from harness.timing import TimingPolicy
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
@@ -65,7 +66,8 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
     assert by.loc["router.read.backward", "ms_per_step"] > 0  # fwd_bwd: backward nodes attributed
     assert (run_dir / "router_share.png").stat().st_size > 0
 
-    rows = pd.DataFrame(read_jsonl(run_dir / "records.jsonl")).set_index("metric")
+    assert [m["kind"] for m in units(run_dir)] == ["profile"]  # the profile is one unit of resume
+    rows = pd.DataFrame(load_rows([run_dir])).set_index("metric")
     assert rows.loc["router_share", "value"] == pytest.approx(by.loc["router", "share_pct"])
     assert rows.loc["profile_step_time", "unit"] == "ms" and set(rows.status) == {"ok"}
     assert rows.loc["router_share", "impl"] == "two_phase"
@@ -73,12 +75,12 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--router", "nope"], "--router: unknown router 'nope'"),
-    (["--router", "haares", "--backend", "tpu"], "--backend: unknown backend 'tpu'"),
-    (["--router", "haares", "--mode", "sideways"], "--mode: unknown mode 'sideways'"),
+    (["--router", "nope"], "--router: 'nope' is not one of"),
+    (["--router", "haares", "--backend", "tpu"], "--backend: 'tpu' is not one of eager, compile, cudagraph"),
+    (["--router", "haares", "--mode", "sideways"], "--mode: 'sideways' is not one of fwd,"),
     (["--router", "prenorm", "--impl", "two_phase"], "--impl 'two_phase': router prenorm offers"),
     (["--router", "haares", "--backend", "compile", "--methods", "labels"], "--methods labels"),
-    (["--router", "haares", "--methods", "guess"], "--methods: unknown method 'guess'"),
+    (["--router", "haares", "--methods", "guess"], "--methods: 'guess' is not one of labels,"),
     (["--router", "haares", "--active", "0"], "--active must be >= 1"),
     (["--router", "haares", "--router-options", '{"n_blocks": 99}'], "n_blocks=99"),
     (["--router", "haares", "--d-model", "30"], "--d-model 30 is not divisible by --n-heads"),
@@ -93,15 +95,15 @@ def test_bad_profile_option_exits_2_naming_it(tmp_path, no_models, args, needle)
 
 def test_paired_difference_and_router_only_methods(tmp_path):
     case = Case("haares", CFG, "fwd", "eager", impl="naive")
-    w = RecordWriter(tmp_path, "run", "s")
-    res = profile_case(case, torch.device("cpu"), tmp_path, wait=0, warmup=1, active=1, writer=w,
-                       methods=METHODS[1:], pairs=3, policy=FAST)
+    with RunWriter(tmp_path, "run", "s") as w, w.unit([case.key], kind="profile") as u:
+        res = profile_case(case, torch.device("cpu"), tmp_path, wait=0, warmup=1, active=1, writer=u,
+                           methods=METHODS[1:], pairs=3, policy=FAST)
     t = res["table"]
     assert set(t.method) == {"paired_difference", "router_only"}
     assert set(res["router_share_by_method"]) == {"paired_difference", "router_only"}
     ro = t[(t.method == "router_only") & (t.label == "router")].iloc[0]
     assert 0 < ro.share_pct < 100  # the router_only step drops the attention and MLP matrices
-    metrics = {r["metric"] for r in read_jsonl(tmp_path / "records.jsonl")}
+    metrics = {r["metric"] for r in load_rows([tmp_path])}
     assert {"router_share_paired_difference", "profile_step_time_router_only"} <= metrics
     assert res["trace_files"]  # a trace is written under every method
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from harness.env import cpu_model, write_manifest
-from harness.records import MANIFEST_FILE, RECORDS_FILE, RecordWriter
+from harness.records import MANIFEST_FILE, RECORDS_FILE, aborted_summary
+from harness.rundir import RunWriter
 from reports import (build_report, compile_vs_eager, environment_table, failures, load_frame,
                      overhead_table, step_time_summary, training_summary)
 from reports import tables
@@ -21,63 +22,68 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHAPE = dict(n_heads=4, seq_len=64, batch_size=2, dtype="float32")
 
 
-def cost_case(w: RecordWriter, router: str, d_model: int, times, *, n_layers=2, mode="fwd",
+def cost_case(w: RunWriter, router: str, d_model: int, times, *, n_layers=2, mode="fwd",
               backend="eager", compile_mode=None, fma=None, router_fma=None, saved=None,
               impl="naive", done=True):
+    """One cost case as its own unit of resume; ``done=False``: interrupted (moved to aborted/)."""
     key = f"{router}-{impl}-{backend}-{compile_mode}-{mode}-d{d_model}-L{n_layers}"
     case = dict(case_key=key, router=router, router_options={}, impl=impl, backend=backend,
                 compile_mode=compile_mode, mode=mode, workload="decoder", d_model=d_model,
                 n_layers=n_layers, seed=0, **SHAPE)
+    u = w.unit([key])
     for i, t in enumerate(times):
-        w.write(**case, repeat=i, metric="step_time", value=t, unit="ms")
+        u.write(**case, repeat=i, metric="step_time", value=t, unit="ms")
     if fma is not None:
-        w.write(**case, metric="fwd_flops_fvcore", value=fma, unit="FMA")
+        u.write(**case, metric="fwd_flops_fvcore", value=fma, unit="FMA")
     if router_fma is not None:
-        w.write(**case, metric="router_flops_fvcore", value=router_fma, unit="FMA")
+        u.write(**case, metric="router_flops_fvcore", value=router_fma, unit="FMA")
     if saved is not None:
-        w.write(**case, metric="saved_activation", value=saved, unit="bytes")
+        u.write(**case, metric="saved_activation", value=saved, unit="bytes")
     if done:
-        w.mark_done(key)
+        u.commit()
+    else:
+        u.abandon("interrupted")
     return key
 
 
-def train_run(w: RecordWriter, router: str, seed: int, losses, *, reached_at=None, target=2.0):
+def train_run(w: RunWriter, router: str, seed: int, losses, *, reached_at=None, target=2.0):
     key = f"train-{router}-s{seed}"
     case = dict(case_key=key, router=router, impl="naive", backend="eager", mode="train",
                 workload="decoder", d_model=64, n_layers=2, seed=seed, **SHAPE)
-    for step, loss in enumerate(losses):
-        w.write(**case, repeat=step * 10, metric="val_loss", value=loss, unit="nats")
-        w.write(**case, repeat=step * 10, metric="elapsed", value=step * 1.5, unit="s")
-        w.write(**case, repeat=step * 10, metric="tokens", value=step * 1280, unit="tokens")
-    w.write(**case, metric="target_loss", value=target, unit="nats")
-    if reached_at is None:
-        w.write(**case, metric="time_to_target", value=None, unit="s", status="not_converged",
-                error="target not reached within 30 steps")
-    else:
-        w.write(**case, metric="time_to_target", value=reached_at * 1.5, unit="s")
-        w.write(**case, metric="steps_to_target", value=reached_at * 10, unit="steps")
-        w.write(**case, metric="tokens_to_target", value=reached_at * 1280, unit="tokens")
-    w.write(**case, metric="loss_at_token_budget", value=losses[-1], unit="nats")
-    w.write(**case, metric="token_budget", value=(len(losses) - 1) * 1280, unit="tokens")
-    w.mark_done(key)
+    with w.unit([key], kind="train") as u:
+        for step, loss in enumerate(losses):
+            u.write(**case, repeat=step * 10, metric="val_loss", value=loss, unit="nats")
+            u.write(**case, repeat=step * 10, metric="elapsed", value=step * 1.5, unit="s")
+            u.write(**case, repeat=step * 10, metric="tokens", value=step * 1280, unit="tokens")
+        u.write(**case, metric="target_loss", value=target, unit="nats")
+        if reached_at is None:
+            u.write(**case, metric="time_to_target", value=None, unit="s", status="not_converged",
+                    error="target not reached within 30 steps")
+        else:
+            u.write(**case, metric="time_to_target", value=reached_at * 1.5, unit="s")
+            u.write(**case, metric="steps_to_target", value=reached_at * 10, unit="steps")
+            u.write(**case, metric="tokens_to_target", value=reached_at * 1280, unit="tokens")
+        u.write(**case, metric="loss_at_token_budget", value=losses[-1], unit="nats")
+        u.write(**case, metric="token_budget", value=(len(losses) - 1) * 1280, unit="tokens")
 
 
 @pytest.fixture
 def run_dir(tmp_path):
     d = tmp_path / "results" / "cpu" / "run-a"
-    w = RecordWriter(d, run_id="run-a", session="s1", base={"device": "cpu"})
-    for d_model in (64, 128):
-        for n_layers in (2, 4):
-            scale = d_model / 64 * n_layers / 2
-            cost_case(w, "prenorm", d_model, [10, 10, 10], n_layers=n_layers, fma=1e9 * scale,
-                      saved=4 * 2**20)
-            cost_case(w, "haares", d_model, [12, 12, 12], n_layers=n_layers,
-                      fma=1.25e9 * scale, router_fma=0.25e9 * scale, saved=6 * 2**20)
-    w.write(case_key="prenorm|{}|cudagraph", router="prenorm", impl="naive", backend="cudagraph",
-            mode="fwd", workload="decoder", d_model=64, n_layers=2, metric="step_time",
-            status="skipped", error="cudagraph needs CUDA; this machine has none")
-    train_run(w, "prenorm", 0, [3.0, 2.5, 1.9, 1.8], reached_at=2)
-    train_run(w, "haares", 0, [3.0, 2.6, 2.2, 2.1])
+    with RunWriter(d, run_id="run-a", session="s1", base={"device": "cpu"}) as w:
+        for d_model in (64, 128):
+            for n_layers in (2, 4):
+                scale = d_model / 64 * n_layers / 2
+                cost_case(w, "prenorm", d_model, [10, 10, 10], n_layers=n_layers, fma=1e9 * scale,
+                          saved=4 * 2**20)
+                cost_case(w, "haares", d_model, [12, 12, 12], n_layers=n_layers,
+                          fma=1.25e9 * scale, router_fma=0.25e9 * scale, saved=6 * 2**20)
+        with w.unit(["prenorm|{}|cudagraph"]) as u:
+            u.write(case_key="prenorm|{}|cudagraph", router="prenorm", impl="naive", backend="cudagraph",
+                    mode="fwd", workload="decoder", d_model=64, n_layers=2, metric="step_time",
+                    status="skipped", error="cudagraph needs CUDA; this machine has none")
+        train_run(w, "prenorm", 0, [3.0, 2.5, 1.9, 1.8], reached_at=2)
+        train_run(w, "haares", 0, [3.0, 2.6, 2.2, 2.1])
     write_manifest(d, "cpu", {"run_id": "run-a", "corpus": {"sha256": "f" * 64}})
     return d
 
@@ -98,8 +104,8 @@ def test_load_frame_types(run_dir):
 
 
 def test_step_time_summary_median_iqr(tmp_path):
-    w = RecordWriter(tmp_path, run_id="r", session="s")
-    cost_case(w, "prenorm", 64, [9, 10, 11, 30])
+    with RunWriter(tmp_path, run_id="r", session="s") as w:
+        cost_case(w, "prenorm", 64, [9, 10, 11, 30])
     s = row(step_time_summary(load_frame([tmp_path])), router="prenorm")
     assert s["median_ms"] == 10.5 and s["n"] == 4
     assert s["iqr_ms"] == pytest.approx(15.75 - 9.75)
@@ -118,10 +124,10 @@ def test_overhead_golden_numbers(run_dir):
 
 
 def test_overhead_nan_without_prenorm_and_per_backend(tmp_path):
-    w = RecordWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"})
-    cost_case(w, "haares", 64, [12, 12, 12])
-    cost_case(w, "prenorm", 64, [5, 5, 5], backend="compile", compile_mode="default")
-    cost_case(w, "haares", 64, [6, 6, 6], backend="compile", compile_mode="default")
+    with RunWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"}) as w:
+        cost_case(w, "haares", 64, [12, 12, 12])
+        cost_case(w, "prenorm", 64, [5, 5, 5], backend="compile", compile_mode="default")
+        cost_case(w, "haares", 64, [6, 6, 6], backend="compile", compile_mode="default")
     t = overhead_table(load_frame([tmp_path]))
     assert math.isnan(row(t, router="haares", backend="eager")["overhead_pct"])
     assert row(t, router="haares", backend="compile")["overhead_pct"] == pytest.approx(20.0)
@@ -170,9 +176,9 @@ def test_build_report_writes_everything(run_dir):
 
 
 def test_no_data_sections(tmp_path):
-    w = RecordWriter(tmp_path, run_id="one-width", session="s", base={"device": "cpu"})
-    cost_case(w, "prenorm", 64, [10, 10])
-    cost_case(w, "haares", 64, [11, 11])
+    with RunWriter(tmp_path, run_id="one-width", session="s", base={"device": "cpu"}) as w:
+        cost_case(w, "prenorm", 64, [10, 10])
+        cost_case(w, "haares", 64, [11, 11])
     out = build_report([tmp_path], tmp_path / "report")
     assert set(out) == {"report.md", "report.html", "overhead.csv"}
     md = out["report.md"].read_text(encoding="utf-8")
@@ -189,10 +195,10 @@ def test_empty_records(tmp_path):
 
 
 def test_compile_vs_eager_figure(tmp_path):
-    w = RecordWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"})
-    for backend, mode in (("eager", None), ("compile", "default")):
-        cost_case(w, "prenorm", 64, [10, 11, 12], backend=backend, compile_mode=mode)
-        cost_case(w, "haares", 64, [12, 13, 14], backend=backend, compile_mode=mode)
+    with RunWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"}) as w:
+        for backend, mode in (("eager", None), ("compile", "default")):
+            cost_case(w, "prenorm", 64, [10, 11, 12], backend=backend, compile_mode=mode)
+            cost_case(w, "haares", 64, [12, 13, 14], backend=backend, compile_mode=mode)
     df = load_frame([tmp_path])
     assert compile_vs_eager(df[df["backend"] == "eager"], tmp_path) is None
     path = compile_vs_eager(df, tmp_path / "figs")
@@ -210,7 +216,8 @@ def test_missing_records_names_path(tmp_path):
 
 def test_several_runs_need_out_dir(run_dir, tmp_path):
     other = tmp_path / "run-b"
-    cost_case(RecordWriter(other, run_id="run-b", session="s"), "prenorm", 64, [10])
+    with RunWriter(other, run_id="run-b", session="s") as w:
+        cost_case(w, "prenorm", 64, [10])
     with pytest.raises(ValueError, match="out_dir"):
         build_report([run_dir, other])
     out = build_report([run_dir, other], tmp_path / "combined")
@@ -220,9 +227,9 @@ def test_several_runs_need_out_dir(run_dir, tmp_path):
 def test_runs_are_never_pooled(tmp_path):
     # The same cases on two machines: each run keeps its own medians and its own baseline.
     for run, scale in (("fast", 1), ("slow", 2)):
-        w = RecordWriter(tmp_path / run, run_id=run, session="s", base={"device": "cuda"})
-        cost_case(w, "prenorm", 64, [10 * scale] * 3)
-        cost_case(w, "haares", 64, [12 * scale] * 3)
+        with RunWriter(tmp_path / run, run_id=run, session="s", base={"device": "cuda"}) as w:
+            cost_case(w, "prenorm", 64, [10 * scale] * 3)
+            cost_case(w, "haares", 64, [12 * scale] * 3)
     t = overhead_table(load_frame([tmp_path / "fast", tmp_path / "slow"]))
     assert len(t) == 4 and (t["n"] == 3).all()
     assert row(t, run_id="slow", router="prenorm")["median_ms"] == 20
@@ -231,19 +238,24 @@ def test_runs_are_never_pooled(tmp_path):
 
 def test_resume_keeps_only_the_finishing_session(tmp_path):
     # Session s1 is interrupted inside the prenorm case; s2 redoes and finishes it.
-    w1 = RecordWriter(tmp_path, run_id="r", session="s1", base={"device": "cpu"})
-    cost_case(w1, "prenorm", 64, [100, 100], done=False)
-    w2 = RecordWriter(tmp_path, run_id="r", session="s2", base={"device": "cpu"})
-    cost_case(w2, "prenorm", 64, [10, 10, 10])
-    cost_case(w2, "haares", 64, [12, 12, 12])
+    with RunWriter(tmp_path, run_id="r", session="s1", base={"device": "cpu"}) as w1:
+        cost_case(w1, "prenorm", 64, [100, 100], done=False)
+    with RunWriter(tmp_path, run_id="r", session="s2", base={"device": "cpu"}) as w2:
+        cost_case(w2, "prenorm", 64, [10, 10, 10])
+        cost_case(w2, "haares", 64, [12, 12, 12])
     df = load_frame([tmp_path])
     assert set(df["session"]) == {"s2"}
     t = overhead_table(df)
     assert row(t, router="prenorm")["n"] == 3 and row(t, router="prenorm")["median_ms"] == 10
     assert row(t, router="haares")["overhead_pct"] == pytest.approx(20.0)
-    # A case no session finished (a race cut short) keeps its rows.
-    w3 = RecordWriter(tmp_path, run_id="r", session="s3", base={"device": "cpu"})
-    cost_case(w3, "mhc", 64, [15], done=False)
+    # A case no session finished (a race cut short) keeps its rows, in aborted/, never in the
+    # report; the session that finishes it is the one reported.
+    with RunWriter(tmp_path, run_id="r", session="s3", base={"device": "cpu"}) as w3:
+        cost_case(w3, "mhc", 64, [15], done=False)
+    assert aborted_summary(tmp_path) == {"units": 2, "rows": 3}
+    assert "mhc" not in set(load_frame([tmp_path])["router"])
+    with RunWriter(tmp_path, run_id="r", session="s4", base={"device": "cpu"}) as w4:
+        cost_case(w4, "mhc", 64, [15])
     assert row(overhead_table(load_frame([tmp_path])), router="mhc")["overhead_pct"] == 50.0
 
 
@@ -260,19 +272,21 @@ def test_environment_table_reads_manifest_fields(tmp_path):
     assert env["git sha"] == "0123456789ab-dirty"
     assert env["command line"] == "routerbench run --preset cpu-quick"
     assert env["corpus sha256"] == "abababababab" and "driver" not in env
-    cost_case(RecordWriter(tmp_path, run_id="run-b", session="s"), "prenorm", 64, [10])
+    with RunWriter(tmp_path, run_id="run-b", session="s") as w:
+        cost_case(w, "prenorm", 64, [10])
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
     assert md.startswith("# routerbench report: NVIDIA H200 — run run-b")
 
 
 def test_training_pooled_over_seeds(tmp_path):
-    w = RecordWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"})
-    for seed, reached in ((0, 2), (1, 3), (2, 2)):
-        train_run(w, "prenorm", seed, [3.0, 2.5, 1.9, 1.8], reached_at=reached)
-    for seed, reached in ((0, 3), (1, None), (2, None)):
-        train_run(w, "haares", seed, [3.0, 2.6, 2.2, 1.9], reached_at=reached)
-    w.write(case_key="cut-short", router="haares", impl="naive", mode="train", seed=3,
-            metric="val_loss", value=3.0, unit="nats", repeat=0)
+    with RunWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"}) as w:
+        for seed, reached in ((0, 2), (1, 3), (2, 2)):
+            train_run(w, "prenorm", seed, [3.0, 2.5, 1.9, 1.8], reached_at=reached)
+        for seed, reached in ((0, 3), (1, None), (2, None)):
+            train_run(w, "haares", seed, [3.0, 2.6, 2.2, 1.9], reached_at=reached)
+        with w.unit(["cut-short"], kind="train") as u:  # a run recorded without its verdict
+            u.write(case_key="cut-short", router="haares", impl="naive", mode="train", seed=3,
+                    metric="val_loss", value=3.0, unit="nats", repeat=0)
     df = load_frame([tmp_path])
     pooled = tables.training_by_router(df).set_index("variant")
     assert pooled.loc["prenorm", "median_time_to_target"] == pytest.approx(3.0)
@@ -285,15 +299,16 @@ def test_training_pooled_over_seeds(tmp_path):
 
 
 def test_report_when_no_router_reaches_the_target(tmp_path):
-    w = RecordWriter(tmp_path, "r", "s")
-    for r in ("prenorm", "haares"):
-        c = dict(case_key=f"train|{r}", router=r, mode="train", backend="eager", seed=0,
-                 d_model=16, n_layers=2)
-        w.write(**c, metric="target_loss", value=1.0, unit="nats")
-        for step, v in ((0, 4.0), (10, 3.0)):
-            w.write(**c, metric="val_loss", value=v, unit="nats", repeat=step)
-        w.write(**c, metric="time_to_target", unit="s", status="not_converged", error="budget")
-        w.write(**c, metric="loss_at_token_budget", value=3.0, unit="nats")
+    with RunWriter(tmp_path, "r", "s") as w:
+        for r in ("prenorm", "haares"):
+            c = dict(case_key=f"train|{r}", router=r, mode="train", backend="eager", seed=0,
+                     d_model=16, n_layers=2)
+            with w.unit([c["case_key"]], kind="train") as u:
+                u.write(**c, metric="target_loss", value=1.0, unit="nats")
+                for step, v in ((0, 4.0), (10, 3.0)):
+                    u.write(**c, metric="val_loss", value=v, unit="nats", repeat=step)
+                u.write(**c, metric="time_to_target", unit="s", status="not_converged", error="budget")
+                u.write(**c, metric="loss_at_token_budget", value=3.0, unit="nats")
     t = tables.training_summary(load_frame([tmp_path]))
     assert t["time_to_target"].tolist() == ["not converged", "not converged"]
     assert t["final_val_loss"].tolist() == [3.0, 3.0]

@@ -6,14 +6,12 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from routers.errors import ConfigError  # re-exported: the error of every bad option
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 MLPS = ("swiglu", "gelu")
 WORKLOADS = ("decoder", "router_only")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the option to change."""
 
 
 @dataclass(frozen=True)

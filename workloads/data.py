@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from routers.errors import ConfigError
+
 PREPARE_HINT = "run `routerbench data prepare --text FILE --out DIR` to make one"
 FILES = ("train.bin", "val.bin", "vocab.json")
 # The stdlib corpus keeps printable ASCII + newline so its vocabulary stays under 100 symbols.
@@ -68,8 +70,24 @@ class CharCorpus:
         try:
             meta = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
             return cls(path, meta)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"--data DIR: corrupt corpus in '{path}' ({e}); {PREPARE_HINT}") from e
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise ValueError(f"--data DIR: corrupt corpus in '{path}' ({what}); {PREPARE_HINT}") from e
+
+    @classmethod
+    def open(cls, path: str | Path, label: str = "--data") -> "CharCorpus":
+        """:meth:`load`, with every failure as one :class:`ConfigError` line naming ``label``.
+
+        Raises:
+            ConfigError: a missing directory or file, an unreadable or corrupt ``vocab.json``
+                (truncated JSON, a missing key), a ``.bin`` file of the wrong size.
+        """
+        try:
+            return cls.load(path)
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(str(e).replace("--data DIR", label, 1)) from None
+        except OSError as e:
+            raise ConfigError(f"{label}: cannot read '{path}' ({e.strerror or e}); {PREPARE_HINT}") from None
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``: 1-D array of ``self.dtype``, length len(text).

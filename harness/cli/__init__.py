@@ -1,0 +1,64 @@
+"""The ``routerbench`` command (DESIGN.md, "Commands"): one module per command, each a thin
+wiring over its spec (:mod:`harness.spec`), the measuring code and the report.
+
+Every option is checked before any model is built; a bad value exits with status 2 and one line
+``routerbench: error: …`` naming the option (or ``--config`` key) to change, click's own usage
+errors included. Long commands (``run``, ``train``, ``profile``) hold one lock per run directory
+and stop cleanly on SIGINT/SIGTERM (:class:`harness.cli.common.Run`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from routers.errors import ConfigError
+
+
+class _Group(click.Group):
+    """Turns every usage or configuration error into one line and exit status 2."""
+
+    def main(self, args=None, prog_name=None, **kw):
+        try:
+            return super().main(args=args, prog_name=prog_name or "routerbench", standalone_mode=False, **kw)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(0)
+        except click.UsageError as exc:
+            hint = f" (see routerbench {exc.ctx.command.name} --help)" if exc.ctx and exc.ctx.command.name \
+                and exc.ctx.command is not self else " (see routerbench --help)"
+            _fail(exc.format_message().replace("\n", " ") + hint)
+        except click.ClickException as exc:
+            _fail(exc.format_message())
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("routerbench: aborted", err=True)
+            sys.exit(130)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            _fail(str(exc))
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"routerbench: error: {' '.join(str(msg).split())}", err=True)
+    sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Benchmark and profile residual routers in decoder-only Transformers."""
+
+
+def _register() -> None:
+    from . import data, listing, profile, report, run, status, train
+    for mod in (listing, run, train, profile, report, status, data):
+        for cmd in mod.COMMANDS:
+            main.add_command(cmd)
+
+
+_register()

@@ -1,0 +1,225 @@
+"""What every command shares: options from a spec, opening a run directory, clean interrupts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import click
+
+from routers.errors import ConfigError
+
+from ..env import device_slug, new_run_id, write_manifest
+from ..records import SPEC_FILE
+from ..rundir import RunWriter
+from ..spec import load, to_toml, write_toml
+from ..spec.base import flag, leaves, read_toml, tomllib
+
+#: How each kind of option is shown in ``--help``.
+METAVAR = {"int": "N", "float": "X", "str": "TEXT", "ints": "N,N", "strs": "A,B", "table": "JSON"}
+DEFAULT_OUT = "results"
+
+
+def spec_options(spec_cls: type) -> Callable:
+    """Decorate a command with one click option per field of ``spec_cls`` plus ``--config``.
+
+    Every option defaults to ``None`` ("not given") and is parsed by the spec (:mod:`harness.spec`),
+    not by click, so the command line and ``--config`` are checked by the same code and every
+    error is one line.
+    """
+    def deco(f: Callable) -> Callable:
+        for _, name, fld in reversed(list(leaves(spec_cls))):
+            o = fld.metadata["opt"]
+            if not o.cli:
+                continue
+            dash = name.replace("_", "-")
+            if o.kind == "bool":
+                f = click.option(f"--{dash}/--no-{dash}", name, default=None, help=o.help)(f)
+            else:
+                f = click.option(flag(name), name, default=None, help=o.help, metavar=METAVAR[o.kind])(f)
+        return click.option("--config", default=None, metavar="FILE.toml",
+                            help="Options as TOML (sections as in spec.toml); the command line overrides it.")(f)
+    return deco
+
+
+def load_spec(spec_cls: type, cli: dict[str, Any], config: str | None):
+    """Load, check and resolve a spec: ``(resolved spec, labels)``.
+
+    Raises:
+        ConfigError: the first bad option, named.
+    """
+    spec, labels = load(spec_cls, cli, config)
+    return spec.resolve(labels), labels
+
+
+class Interrupted(KeyboardInterrupt):
+    """The first SIGINT or SIGTERM of a long command (a ``KeyboardInterrupt``, so no
+    ``except Exception`` of the measuring code swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` once; a second one exits at once (status
+    128 + signal) without cleaning up (what was pending is moved to ``aborted/`` on resume)."""
+    hits = []
+
+    def handler(signum, frame):
+        if hits:
+            os._exit(128 + signum)
+        hits.append(signum)
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def program() -> str:
+    """How to call this program again: ``routerbench`` when that is what runs, else the path it
+    was run by, else ``python -m harness.cli``."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    exe = shutil.which("routerbench")
+    if argv0 and Path(argv0).name == "routerbench":
+        if exe and Path(exe).resolve() == Path(argv0).resolve():
+            return "routerbench"
+        return shlex.quote(argv0)
+    return f"{shlex.quote(sys.executable)} -m harness.cli"
+
+
+class Run:
+    """An open run directory of one command: its writer (locked), spec file and manifest.
+
+    Args:
+        command: ``run``, ``train`` or ``profile``.
+        spec: the resolved spec (``output.out``/``output.run_id`` say where).
+        prefix: run-id prefix (``profile-``).
+
+    Raises:
+        ConfigError: ``--out`` unusable, the directory locked by another process, or a resumed
+            run whose ``spec.toml`` differs from the options given.
+    """
+
+    def __init__(self, command: str, spec: Any, prefix: str = "") -> None:
+        import torch
+        out = spec.output.out or DEFAULT_OUT
+        given = spec.output.run_id or new_run_id()
+        self.run_id = given if given.startswith(prefix) else prefix + given
+        self.device = torch.device(spec.output.device)
+        self.dir = Path(out) / device_slug(self.device) / self.run_id
+        self.command, self.spec, self.out = command, spec, out
+        if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 alone writes and locks
+            from ..rundir import NullRunWriter
+            self.writer = NullRunWriter(self.dir, self.run_id)
+            return
+        self.writer = RunWriter(self.dir, self.run_id, new_run_id() + f"-{os.getpid()}",
+                                base={"device": str(self.device)}, out_option=f"--out {out}")
+        try:
+            self._check_spec()
+        except BaseException:
+            self.writer.close()
+            raise
+
+    @property
+    def spec_path(self) -> Path:
+        return self.dir / SPEC_FILE
+
+    def _check_spec(self) -> None:
+        mine = _comparable(to_toml(self.spec, self.spec.NOT_IN_FILE))
+        if self.spec_path.exists():
+            theirs = _comparable(to_toml(load(type(self.spec), {}, str(self.spec_path))[0],
+                                         self.spec.NOT_IN_FILE)) if _readable(self.spec_path, self.command) else None
+            if theirs is not None and theirs != mine:
+                diff = next((k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)))
+                raise ConfigError(f"--run-id {self.run_id}: this run was started with {diff} = "
+                                  f"{theirs.get(diff)!r}, not {mine.get(diff)!r}; resume it with --config "
+                                  f"{self.spec_path} or choose another --run-id")
+        write_toml(self.spec, self.spec_path, f"routerbench {self.command} spec, resolved; repeat with:\n"
+                   f"  routerbench {self.command} --config {SPEC_FILE} --run-id NEW", self.spec.NOT_IN_FILE)
+
+    def manifest(self, extra: dict[str, Any]) -> None:
+        """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun."""
+        if not isinstance(self.writer, RunWriter):
+            return
+        write_manifest(self.dir, self.device, {"run_id": self.run_id, "command": self.command,
+                                               "spec": SPEC_FILE, **extra})
+
+    def resume_command(self) -> str:
+        """The exact command that resumes this run."""
+        return resume_command(self.command, self.dir, self.out)
+
+    @contextlib.contextmanager
+    def guarded(self, keys: Callable[[], Iterable[str]]) -> Iterator[None]:
+        """Run the body with clean interrupts and failure exits.
+
+        ``keys`` gives the case keys the command will complete (to say "N of M done"). An
+        interrupt prints ``interrupted: N of M done; resume with: <command>`` and exits 130
+        (SIGINT) or 143 (SIGTERM); a full disk exits 1 with one line.
+        """
+        from ..rundir import DiskFullError
+        try:
+            with interruptible():
+                yield
+        except Interrupted as exc:
+            self._stop(f"interrupted ({signal.Signals(exc.signum).name})", keys, 128 + exc.signum)
+        except DiskFullError as exc:
+            self._stop(f"error: {exc.strerror}", keys, 1)
+        finally:
+            self.writer.close()
+
+    def _stop(self, what: str, keys: Callable[[], Iterable[str]], code: int) -> None:
+        try:
+            k = list(keys())
+            done = sum(1 for c in k if c in self.writer.completed)
+            counts = f"{done} of {len(k)} done"
+        except Exception:  # noqa: BLE001 - the message must come out whatever
+            counts = "progress unknown"
+        click.echo(f"{what}: {counts}; resume with: {self.resume_command()}", err=True)
+        sys.exit(code)
+
+
+def resume_command(command: str, run_dir: Path, out: str | None = None) -> str:
+    """``<program> <command> --config <run_dir>/spec.toml --out <root> --run-id <id>``."""
+    run_dir = Path(run_dir)
+    out = out if out is not None else str(run_dir.parent.parent)
+    return (f"{program()} {command} --config {shlex.quote(str(run_dir / SPEC_FILE))} "
+            f"--out {shlex.quote(str(out))} --run-id {shlex.quote(run_dir.name)}")
+
+
+def _readable(path: Path, command: str) -> bool:
+    try:
+        read_toml(str(path), command)
+        return True
+    except ConfigError:
+        return False
+
+
+def _comparable(text: str) -> dict[str, Any]:
+    """A spec file's values by dotted key, without the output options that do not change results."""
+    flat = {}
+    for part, table in tomllib.loads(text).items():
+        if isinstance(table, dict):
+            for k, v in table.items():
+                if part == "output" and k in ("quiet", "report"):
+                    continue
+                flat[f"{part}.{k}"] = v
+        else:
+            flat[part] = table
+    return flat
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))

@@ -1,0 +1,35 @@
+"""``routerbench list``: routers (implementations, options), backends, modes, presets."""
+
+from __future__ import annotations
+
+import click
+
+from routers import ROUTERS, router_class, router_options
+from workloads.config import PRESETS
+
+from ..backends import BACKENDS
+from ..modes import MODES
+
+
+@click.command("list")
+def list_cmd() -> None:
+    """Routers (with implementations and options), backends, modes and presets."""
+    click.echo("routers:")
+    for name in sorted(ROUTERS):
+        cls = router_class(name)
+        opts = ", ".join(f"{k}={v!r}" for k, v in router_options(name).items() if k != "impl")
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        click.echo(f"  {name:14s} impls={','.join(cls.impls)}  {doc}")
+        if opts:
+            click.echo(f"  {'':14s} options: {opts}")
+    click.echo("backends: " + ", ".join(
+        b + (f" (compile modes: {', '.join(m for m in ms if m)})" if any(ms) else "")
+        for b, ms in BACKENDS.items()))
+    click.echo("modes: " + ", ".join(MODES) + ", train (routerbench train)")
+    click.echo("presets:")
+    for name, cfg in PRESETS.items():
+        click.echo(f"  {name:12s} d={cfg.d_model} L={cfg.n_layers} heads={cfg.n_heads} "
+                   f"T={cfg.seq_len} B={cfg.batch_size} {cfg.dtype}")
+
+
+COMMANDS = (list_cmd,)

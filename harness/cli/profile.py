@@ -1,0 +1,50 @@
+"""``routerbench profile``: torch.profiler traces of one case and the router's share of its step."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..spec import ProfileSpec
+from .common import Run, load_spec, spec_options
+
+
+@click.command("profile")
+@spec_options(ProfileSpec)
+def profile_cmd(config, **cli) -> None:
+    """torch.profiler traces of one case and the router's share of its step time."""
+    import torch
+
+    from ..profile import profile_case
+
+    spec, _ = load_spec(ProfileSpec, cli, config)
+    p, case = spec.profile, spec.case()
+    if cli.get("memory_snapshot") and not p.memory_snapshot:
+        click.echo("--memory-snapshot: CUDA only, skipped on this CPU run")
+    run = Run("profile", spec, prefix="profile-")
+    run.manifest({"case": case.key, "methods": list(p.methods),
+                  "schedule": {"wait": p.wait, "warmup": p.warmup, "active": p.active}})
+    click.echo(f"writing {run.dir}")
+    with run.guarded(lambda: [case.key]):
+        with run.writer.unit([case.key], kind="profile") as u:
+            try:
+                res = profile_case(case, run.device, run.dir, wait=p.wait, warmup=p.warmup, active=p.active,
+                                   writer=u, methods=p.methods, pairs=p.pairs,
+                                   memory_snapshot=p.memory_snapshot, max_entries=p.max_entries or 100_000)
+            except torch.cuda.OutOfMemoryError as exc:
+                u.write(**case.columns(), metric="router_share", unit="%", status="oom",
+                        error=str(exc).splitlines()[0])
+                u.commit({case.key: "oom"})
+                click.echo("routerbench: error: out of CUDA memory: lower --batch-size, --seq-len or "
+                           "--d-model", err=True)
+                sys.exit(1)
+            u.commit({case.key: "ok"})
+    click.echo(res["table"].to_string(index=False, na_rep="–", float_format=lambda v: f"{v:.3f}"))
+    click.echo("router share: " + ", ".join(f"{m} {v:.1f} %" for m, v in res["router_share_by_method"].items()))
+    click.echo(f"trace: {res['trace_dir']}  (tensorboard --logdir, ui.perfetto.dev, HTA TraceAnalysis)")
+    if res["memory_snapshot"]:
+        click.echo(f"memory snapshot: {res['memory_snapshot']}  (pytorch.org/memory_viz)")
+
+
+COMMANDS = (profile_cmd,)

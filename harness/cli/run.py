@@ -1,0 +1,50 @@
+"""``routerbench run``: the cost sweep, then the one-seed smoke race and the report."""
+
+from __future__ import annotations
+
+import click
+
+from ..paired import timing_manifest
+from ..spec import RunSpec
+from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
+from .common import Run, load_spec, spec_options
+from .report import write_report
+from .train import corpus_info, load_corpus, plan, train_runs
+
+
+@click.command("run")
+@spec_options(RunSpec)
+def run_cmd(config, **cli) -> None:
+    """Cost sweep (+ a one-seed smoke race + report). With no options: this device's default suite."""
+    from workloads.config import preset
+
+    from ..sweep import run_sweep
+    from ..train import TrainConfig
+
+    spec, labels = load_spec(RunSpec, cli, config)
+    cases = spec.cases()
+    opts = spec.sweep_options()
+    runs, corpus, tc = [], None, None
+    if spec.race.train:  # the corpus is read before any model, so a bad --data fails first
+        corpus = load_corpus(spec.race.data, labels("race.data"))
+        tc = TrainConfig(preset(RACE_PRESET), target_loss=spec.race.target_loss,
+                         max_steps=spec.race.train_steps, eval_every=RACE_EVAL_EVERY)
+        runs = plan(spec.race_options(), tc, [0], corpus)
+    run = Run("run", spec)
+    run.manifest({"cases": len(cases), "timing": timing_manifest(opts),
+                  **({"corpus": corpus_info(corpus)} if corpus else {})})
+    rec = run.writer.recovered
+    if rec["pending_units"] or rec["torn_tail_bytes"]:
+        click.echo(f"recovered: {rec['pending_units']} unfinished unit(s) of an earlier process moved to "
+                   f"{run.dir / 'aborted'}")
+    click.echo(f"{'resuming' if run.writer.resumed else 'writing'} {run.dir}  ({len(cases)} cost cases)")
+    with run.guarded(lambda: [c.key for c in cases] + [k for *_, k in runs]):
+        stats = run_sweep(cases, run.device, run.writer, opts, progress=not spec.output.quiet)
+        click.echo(f"cost sweep: {stats}")
+        if runs:
+            train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race")
+        if spec.output.report:
+            write_report([run.dir])
+
+
+COMMANDS = (run_cmd,)

@@ -1,0 +1,90 @@
+"""``routerbench status RUN_DIR``: what is done, what is left, what failed, how to resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from routers.errors import ConfigError
+
+from ..records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
+                       completed_cases, load_rows, lock_holder, read_jsonl)
+from ..spec import ProfileSpec, RunSpec, TrainSpec, load
+from ..spec.base import tomllib
+from .common import resume_command
+
+SPECS = {"run": RunSpec, "train": TrainSpec, "profile": ProfileSpec}
+
+
+def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]:
+    """The case keys the spec will complete (None when they cannot be known here, e.g. a CUDA
+    spec on a CPU machine) and the number of training runs on top of them."""
+    try:
+        spec, labels = load(SPECS[command], {}, str(spec_path))
+        spec = spec.resolve(labels)
+    except ConfigError:
+        return None, 0
+    if command == "run":
+        n_train = len(spec.race_routers()) if spec.race.train else 0
+        return [c.key for c in spec.cases()], n_train
+    if command == "train":
+        return [], len(spec.routers.routers) * spec.training.seeds
+    return [spec.case().key], 0
+
+
+@click.command("status")
+@click.argument("run_dir")
+def status_cmd(run_dir) -> None:
+    """Cases done and left, aborted units, failure rows, and the command that resumes RUN_DIR."""
+    d = Path(run_dir)
+    spec_path = d / SPEC_FILE
+    if not d.is_dir() or not (spec_path.exists() or (d / RECORDS_FILE).exists()):
+        raise ConfigError(f"RUN_DIR: {d} is not a run directory (no {SPEC_FILE} or {RECORDS_FILE}); "
+                          "give results/<device>/<run-id>")
+    command = None
+    if spec_path.exists():
+        try:
+            command = tomllib.loads(spec_path.read_text()).get("command")
+        except tomllib.TOMLDecodeError:
+            command = None
+    done = completed_cases(d)
+    keys, n_train = expected_keys(command, spec_path) if command in SPECS else (None, 0)
+    click.echo(f"run dir:   {d}")
+    click.echo(f"command:   {command or 'unknown (no readable spec.toml)'}")
+    statuses = Counter(done.values())
+    if keys is not None:
+        cost_done = sum(1 for k in keys if k in done)
+        train_done = sum(1 for k in done if k.startswith("train|"))
+        total, n_done = len(keys) + n_train, cost_done + min(train_done, n_train)
+        click.echo(f"cases:     {n_done} of {total} done, {total - n_done} left"
+                   + (f" ({len(keys)} cost cases, {n_train} training runs)" if n_train else ""))
+    else:
+        total, n_done = None, len(done)
+        click.echo(f"cases:     {n_done} done (the spec cannot be resolved on this machine to count the rest)")
+    click.echo("statuses:  " + (", ".join(f"{s} {n}" for s, n in sorted(statuses.items())) or "none yet"))
+    ab = aborted_summary(d)
+    click.echo(f"aborted:   {ab['units']} unit(s), {ab['rows']} row(s) in {d / ABORTED_DIR}")
+    for r in read_jsonl(d / ABORTED_DIR / "index.jsonl")[-5:]:
+        click.echo(f"           {r.get('file')}: {r.get('rows')} rows, {r.get('reason')}")
+    holder = lock_holder(d)
+    click.echo("running:   " + (f"yes, pid {holder.get('pid')} on {holder.get('host')} since "
+                                f"{holder.get('started')}" if holder else "no"))
+    pending = sorted((d / PENDING_DIR).glob("*.jsonl")) if (d / PENDING_DIR).is_dir() else []
+    if pending and not holder:
+        rows = sum(len(read_jsonl(p)) for p in pending)
+        click.echo(f"pending:   {len(pending)} unfinished unit(s), {rows} row(s), left by a process that "
+                   f"died; moved to {ABORTED_DIR}/ when the run resumes")
+    failures = [r for r in load_rows([d]) if r.get("status") in ("oom", "error")]
+    if failures:
+        click.echo(f"failures:  {len(failures)} row(s)")
+        for r in failures[:20]:
+            click.echo(f"  {r['status']:5s} {r.get('metric')}  {r.get('case_key')}\n        {r.get('error')}")
+    if command in SPECS and (total is None or n_done < total):
+        click.echo(f"resume:    {resume_command(command, d)}")
+    elif command in SPECS:
+        click.echo("resume:    nothing left to do")
+
+
+COMMANDS = (status_cmd,)

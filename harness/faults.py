@@ -1,0 +1,90 @@
+"""The one test hook for faults a CPU cannot produce: ``ROUTERBENCH_FAULT``.
+
+A CUDA out-of-memory error, a crash inside a compiled or captured graph, a hang and a full disk
+cannot be produced on demand on a CPU test machine, so tests name them in an environment variable
+instead of patching the code under test::
+
+    ROUTERBENCH_FAULT="oom:haares|*;crash:wav_v1|*|two_phase|*;hang:rezero|*"
+
+Each entry is ``KIND:GLOB``; ``GLOB`` is a shell-style pattern (:mod:`fnmatch`) over a case key
+(``router|options|impl|backend|compile_mode|mode|workload|vocab|d_model|n_layers|n_heads|mlp|
+seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists them). Kinds:
+
+- ``oom``: the case's set-up raises ``torch.cuda.OutOfMemoryError`` (an ``oom`` row);
+- ``crash``: the process running the case dies by ``SIGSEGV`` (under ``--isolate`` the child dies
+  and the case becomes an ``error`` row; without it the whole command dies, as it would);
+- ``hang``: the case's set-up sleeps forever (``--isolate`` with ``--case-timeout`` ends it);
+- ``disk_full``: committing the unit that holds the case writes half its bytes, then fails with
+  ``ENOSPC``, exercising the roll-back of a partial unit.
+
+Unset, the hook costs one environment lookup per case and does nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Iterable
+
+ENV = "ROUTERBENCH_FAULT"
+KINDS = ("oom", "crash", "hang", "disk_full")
+
+
+def parse(spec: str | None) -> list[tuple[str, str]]:
+    """``[(kind, glob), …]`` of a ``ROUTERBENCH_FAULT`` value.
+
+    Raises:
+        ValueError: an entry without ``:`` or of an unknown kind.
+    """
+    out = []
+    for entry in (spec or "").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        kind, sep, glob = entry.partition(":")
+        if not sep or kind not in KINDS:
+            raise ValueError(f"{ENV}: entry {entry!r} must be KIND:GLOB with KIND one of {', '.join(KINDS)}")
+        out.append((kind, glob))
+    return out
+
+
+def fault_for(case_key: str) -> str | None:
+    """The kind of fault injected into ``case_key``, or None (the first matching entry wins)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    for kind, glob in parse(spec):
+        if fnmatch.fnmatchcase(case_key, glob):
+            return kind
+    return None
+
+
+def maybe_inject(case_key: str) -> None:
+    """Raise, crash or hang here if ``ROUTERBENCH_FAULT`` names this case (``disk_full`` acts at
+    commit time, :func:`maybe_disk_full`)."""
+    kind = fault_for(case_key)
+    if kind == "oom":
+        import torch
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by {ENV})")
+    if kind == "crash":
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(60)  # the signal is delivered before this returns
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def maybe_disk_full(case_keys: Iterable[str], path: Path, data: bytes) -> None:
+    """Write half of ``data`` to ``path`` and raise ``ENOSPC`` if a case of the unit is named
+    ``disk_full`` (the caller must roll the partial write back)."""
+    if not any(fault_for(k) == "disk_full" for k in case_keys):
+        return
+    with open(path, "ab") as fh:
+        fh.write(data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, f"No space left on device (injected by {ENV})")

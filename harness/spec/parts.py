@@ -1,0 +1,162 @@
+"""The parts every command's spec shares: shape, routers and their options, output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from routers import ROUTERS, check_router_options, router_class, router_options
+from routers.errors import ConfigError
+from workloads.config import DTYPES, GRIDS, PRESETS, WORKLOADS, DecoderConfig, preset
+
+from .base import Labels, option
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The decoder shape options shared by every command (``[shape]``)."""
+
+    preset: str | None = option("str", "Base shape (`routerbench list`); default: this device's grid "
+                                "base (run, profile) or cpu-train (train).", choices=lambda: tuple(PRESETS))
+    n_heads: int | None = option("int", "Attention heads (default: the base shape's).", min=1)
+    seq_len: int | None = option("int", "Tokens per sequence (default: the base shape's).", min=1)
+    batch_size: int | None = option("int", "Sequences per step (default: the base shape's).", min=1)
+    dtype: str | None = option("str", "float32, bfloat16, float16 or float64 (default: the base "
+                               "shape's).", choices=tuple(DTYPES))
+    workload: str | None = option("str", "decoder (default), or router_only (every sublayer is its "
+                                  "input RMSNorm: routing cost alone).", choices=WORKLOADS)
+    grad_checkpoint: bool | None = option("bool", "Recompute sublayers in backward (saves "
+                                          "activations); default off.")
+
+
+@dataclass(frozen=True)
+class Grid(Shape):
+    """A width × depth grid (``routerbench run``)."""
+
+    widths: tuple[int, ...] | None = option("ints", "Comma-separated d_model values (default: this "
+                                            "device's grid).", min=1)
+    depths: tuple[int, ...] | None = option("ints", "Comma-separated n_layers values (default: this "
+                                            "device's grid).", min=1)
+
+
+@dataclass(frozen=True)
+class Single(Shape):
+    """One shape (``routerbench train`` and ``profile``)."""
+
+    d_model: int | None = option("int", "Width (default: the base shape's).", min=1)
+    n_layers: int | None = option("int", "Layers (default: the base shape's).", min=1)
+
+
+@dataclass(frozen=True)
+class RouterSet:
+    """Routers and their options (``[routers]``; ``[routers.router_options.haares]`` in TOML)."""
+
+    routers: tuple[str, ...] | None = option("strs", "Comma-separated routers (`routerbench list`).",
+                                             choices=lambda: tuple(sorted(ROUTERS)))
+    router_options: dict | None = option("table", 'JSON per router: \'{"haares": {"n_blocks": 2}}\'.')
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where results go and how the command talks (``[output]``; ``out`` and ``run_id`` are never
+    written to ``spec.toml``, so a spec repeats a run into a new directory)."""
+
+    device: str | None = option("str", "cpu or cuda[:N] (default: cuda if visible).")
+    out: str | None = option("str", "Results root (default: results).")
+    run_id: str | None = option("str", "Run id; an existing one is resumed (default: the UTC time).")
+    report: bool | None = option("bool", "Write the report at the end (default: on).")
+    quiet: bool | None = option("bool", "No progress bars (default: off).")
+
+
+#: The shape options every command shares, as :class:`DecoderConfig` fields.
+SHARED_SHAPE = ("n_heads", "seq_len", "batch_size", "dtype", "workload", "grad_checkpoint")
+
+
+def resolve_device(name: str | None, label: str = "--device") -> torch.device:
+    """The torch device named by ``--device`` (default: CUDA when visible, else CPU).
+
+    Raises:
+        ConfigError: not a device name, or CUDA asked for where none is visible.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{label} {name!r} is not a torch device (cpu, cuda, cuda:1)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{label} {name!r}: only cpu and cuda[:N] are measured")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{label} {name}: no CUDA device is visible; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"{label} {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return dev
+
+
+def default_grid(device: torch.device) -> dict:
+    """The width × depth grid of ``routerbench run`` for this kind of device."""
+    return GRIDS["cuda-default" if device.type == "cuda" else "cpu-default"]
+
+
+def base_shape(shape: Shape, device: torch.device, default_preset: str | None = None) -> DecoderConfig:
+    """The base config: ``--preset``, else ``default_preset``, else the device grid's base, with
+    the shared shape options applied (validated later, per width and depth)."""
+    name = shape.preset or default_preset
+    base = preset(name) if name else default_grid(device)["base"]
+    return base.replace(**{k: getattr(shape, k) for k in SHARED_SHAPE if getattr(shape, k) is not None})
+
+
+def check_heads(widths: Iterable[int], heads: int, L: Labels, width_path: str) -> None:
+    """Every width must split into ``heads`` heads of an even size (rotary positions).
+
+    Raises:
+        ConfigError: naming the width option (``--widths`` or ``--d-model``) and ``--n-heads``.
+    """
+    for d in widths:
+        if d % heads:
+            raise ConfigError(f"{L(width_path)} {d} is not divisible by {L('shape.n_heads')} {heads}; "
+                              "change one of them")
+        if (d // heads) % 2:
+            raise ConfigError(f"{L(width_path)} {d} with {L('shape.n_heads')} {heads} gives head size "
+                              f"{d // heads}; rotary positions need an even head size: change one of them")
+
+
+def check_router_set(rs: RouterSet, selected: tuple[str, ...], depths: Iterable[int], width: int,
+                     L: Labels, impls: tuple[str, ...] | None = None) -> None:
+    """Router options: known routers, selected routers only, known option names, types and values.
+
+    Raises:
+        ConfigError: naming ``--router-options`` (or its TOML key).
+    """
+    label = L("routers.router_options")
+    for name, opts in (rs.router_options or {}).items():
+        if name not in ROUTERS:
+            raise ConfigError(f"{label}: unknown router {name!r}; known routers: {', '.join(sorted(ROUTERS))}")
+        if name not in selected:
+            raise ConfigError(f"{label}: options for {name!r}, which {L('routers.routers')} does not select "
+                              f"({', '.join(selected)}); add it there or drop its options")
+        if not isinstance(opts, dict):
+            raise ConfigError(f"{label}: the options of {name!r} must be an object of option names, "
+                              f"got {opts!r}")
+        if impls is not None and "impl" in opts and opts["impl"] not in impls:
+            raise ConfigError(f"{label}: {name}.impl = {opts['impl']!r} contradicts --impls "
+                              f"{','.join(impls)}; drop one of them")
+        for n_layers in sorted(set(depths)):
+            check_router_options(name, opts, width, n_layers, label)
+
+
+def router_impl_options(name: str, options: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """``(impl named in the options or None, the other options)`` of one router."""
+    options = dict(options)
+    impl = options.pop("impl", None)
+    if "impl" not in router_options(name):
+        impl = None
+    return impl, options
+
+
+def impl_names() -> tuple[str, ...]:
+    """Every implementation name some router offers."""
+    return tuple(sorted({i for n in ROUTERS for i in router_class(n).impls}))

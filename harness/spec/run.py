@@ -1,0 +1,186 @@
+"""The spec of ``routerbench run``: a cost sweep, a one-seed smoke race and a report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from routers import ROUTERS, router_class
+from routers.errors import ConfigError
+
+from ..backends import BACKENDS
+from ..cases import Case, expand
+from ..measure import SweepOptions
+from ..modes import MODES
+from ..paired import ORDERS
+from ..timing import TimingPolicy
+from .base import Labels, given, option
+from .parts import (Grid, Output, RouterSet, base_shape, check_heads, check_router_set, default_grid,
+                    impl_names, resolve_device)
+
+#: The default smoke race: char-level, small enough for a 2-core CPU (README).
+RACE_ROUTERS = ("prenorm", "haares")
+RACE_PRESET = "cpu-train"
+RACE_EVAL_EVERY = 20
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What the cost sweep measures (``[sweep]``)."""
+
+    impls: tuple[str, ...] | None = option("strs", "Router implementations (default: naive,two_phase; "
+                                           "each router runs those it offers).", choices=impl_names)
+    backends: tuple[str, ...] | None = option("strs", "Backends on the whole grid (default: eager).",
+                                              choices=tuple(BACKENDS))
+    compile_modes: tuple[str, ...] | None = option("strs", "Modes of the compile backend (default: "
+                                                   "default).", choices=tuple(m for m in BACKENDS["compile"] if m))
+    modes: tuple[str, ...] | None = option("strs", "Modes (default: fwd,fwd_bwd).", choices=MODES)
+    smallest_backends: tuple[str, ...] | None = option(
+        "strs", "Backends run only at the smallest width and depth (default: compile when --backends "
+        "is not given, else none).", choices=tuple(BACKENDS))
+    smallest_modes: tuple[str, ...] | None = option(
+        "strs", "Modes of --smallest-backends (default: fwd_bwd on CPU, where a first compile takes "
+        "tens of seconds; --modes on CUDA).", choices=MODES)
+    flops: bool | None = option("bool", "Count FLOPs by fvcore and by FlopCounterMode (default: on).")
+    isolate: bool | None = option("bool", "Run each paired group in its own subprocess: a crash or a "
+                                  "hang costs one error row, not the sweep (default: off).")
+    case_timeout: float | None = option("float", "With --isolate: seconds a case may make no progress "
+                                        "before it is killed as hung (default: 900).", min=0, min_open=True)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How step times are taken (``[timing]``)."""
+
+    repeats: int | None = option("int", "Timed steps kept per case (default: 10).", min=1)
+    warmup_s: float | None = option("float", "Minimum warm-up seconds per case (default: 0.5).", min=0)
+    paired: bool | None = option("bool", "Time the routers of each backend, mode and shape interleaved "
+                                 "with prenorm, for per-pair ratios with CIs (default: on).")
+    pair_order: str | None = option("str", "Round order of --paired: ABBA (default) reverses the order "
+                                    "every round.", choices=ORDERS)
+
+
+@dataclass(frozen=True)
+class Race:
+    """The one-seed smoke race after the sweep (``[race]``; ``routerbench train`` for real studies)."""
+
+    train: bool | None = option("bool", "Run the one-seed smoke race (default: on).")
+    data: str | None = option("str", "Corpus dir of the race (default: the embedded stdlib corpus).")
+    train_steps: int | None = option("int", "Race step budget (default: 300).", min=1)
+    target_loss: float | None = option("float", "Race target in nats (default: 1.9).", min=0, min_open=True)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything ``routerbench run`` needs; :meth:`resolve` checks it and fills in defaults."""
+
+    COMMAND: ClassVar[str] = "run"
+    #: Never written to ``spec.toml``: a spec repeats a run into a new directory.
+    NOT_IN_FILE: ClassVar[tuple[str, ...]] = ("output.out", "output.run_id")
+
+    shape: Grid = Grid()
+    routers: RouterSet = RouterSet()
+    sweep: Sweep = Sweep()
+    timing: Timing = Timing()
+    race: Race = Race()
+    output: Output = Output()
+
+    def resolve(self, L: Labels) -> "RunSpec":
+        """Check every option (one line naming it on the first bad one) and fill in defaults.
+
+        Raises:
+            ConfigError: a contradiction, an unknown or unselected router's options, a shape that
+                does not split into heads, an invalid router option for some depth.
+        """
+        s, sw, t, race, out = self.shape, self.sweep, self.timing, self.race, self.output
+        dev = resolve_device(out.device, L("output.device"))
+        grid = default_grid(dev)
+        routers = self.routers.routers or tuple(sorted(ROUTERS))
+        backends = sw.backends or ("eager",)
+        smallest = sw.smallest_backends if given(sw, "smallest_backends") else (
+            () if given(sw, "backends") else ("compile",))
+        modes = sw.modes or ("fwd", "fwd_bwd")
+        if given(sw, "smallest_modes") and not smallest:
+            raise ConfigError(f"{L('sweep.smallest_modes')} has no effect without "
+                              f"{L('sweep.smallest_backends')}; drop it or name backends there")
+        smallest_modes = sw.smallest_modes or (modes if dev.type == "cuda" else (
+            tuple(m for m in modes if m == "fwd_bwd") or modes)) if smallest else None
+        uses_compile = "compile" in backends + tuple(smallest)
+        if given(sw, "compile_modes") and not uses_compile:
+            raise ConfigError(f"{L('sweep.compile_modes')} has no effect: neither {L('sweep.backends')} nor "
+                              f"{L('sweep.smallest_backends')} names compile")
+        if given(sw, "case_timeout") and not sw.isolate:
+            raise ConfigError(f"{L('sweep.case_timeout')} needs --isolate (a hang can only be ended in a "
+                              "subprocess); add --isolate or drop it")
+        if given(t, "pair_order") and t.paired is False:
+            raise ConfigError(f"{L('timing.pair_order')} has no effect with --no-paired; drop one of them")
+        train = race.train is not False
+        for name in ("data", "train_steps", "target_loss"):
+            if not train and given(race, name):
+                raise ConfigError(f"{L('race.' + name)} has no effect with --no-train; drop one of them")
+        base = base_shape(s, dev)
+        widths, depths = s.widths or grid["d_model"], s.depths or grid["n_layers"]
+        check_heads(widths, base.n_heads, L, "shape.widths")
+        impls = sw.impls or ("naive", "two_phase")
+        check_router_set(self.routers, routers, depths, min(widths), L,
+                         impls if given(sw, "impls") else None)
+        if train and race.data is not None:
+            from workloads.data import CharCorpus
+            CharCorpus.open(race.data, L("race.data"))  # the corpus's own checks, one line each
+        paired = t.paired is not False
+        isolate = bool(sw.isolate)
+        return replace(
+            self,
+            shape=replace(s, widths=tuple(widths), depths=tuple(depths), n_heads=base.n_heads,
+                          seq_len=base.seq_len, batch_size=base.batch_size, dtype=base.dtype,
+                          workload=base.workload, grad_checkpoint=base.grad_checkpoint),
+            routers=replace(self.routers, routers=routers, router_options=self.routers.router_options or None),
+            sweep=replace(sw, impls=impls, backends=backends, smallest_backends=smallest or None,
+                          smallest_modes=smallest_modes, modes=modes,
+                          compile_modes=(sw.compile_modes or ("default",)) if uses_compile else None,
+                          flops=sw.flops is not False, isolate=isolate,
+                          case_timeout=(sw.case_timeout or 900.0) if isolate else None),
+            timing=replace(t, repeats=t.repeats or 10, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
+                           paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None),
+            race=replace(race, train=train, train_steps=(race.train_steps or 300) if train else None,
+                         target_loss=(race.target_loss or 1.9) if train else None),
+            output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
+        )
+
+    # --- what a resolved spec means -------------------------------------------------------
+    def cases(self) -> list[Case]:
+        """The sweep's cases (of a resolved spec), validated."""
+        import torch
+        s, sw = self.shape, self.sweep
+        dev = torch.device(self.output.device)
+        base = base_shape(s, dev)
+        common = dict(options=self.routers.router_options or {}, impls=list(sw.impls),
+                      compile_modes=list(sw.compile_modes or ()))
+        cases = expand(self.routers.routers, base, s.widths, s.depths, modes=list(sw.modes),
+                       backends=list(sw.backends), **common)
+        if sw.smallest_backends:
+            cases += expand(self.routers.routers, base, [min(s.widths)], [min(s.depths)],
+                            modes=list(sw.smallest_modes), backends=list(sw.smallest_backends), **common)
+        return cases
+
+    def sweep_options(self) -> SweepOptions:
+        t, sw = self.timing, self.sweep
+        return SweepOptions(flops=sw.flops, timing=TimingPolicy(repeats=t.repeats, warmup_min_s=t.warmup_s),
+                            paired=t.paired, pair_order=t.pair_order or "ABBA", isolate=sw.isolate,
+                            case_timeout=sw.case_timeout or 900.0)
+
+    def race_routers(self) -> list[str]:
+        """The routers of the smoke race: prenorm and haares where selected, else the first two."""
+        names = list(self.routers.routers)
+        return [r for r in RACE_ROUTERS if r in names] or names[:2]
+
+    def race_options(self) -> dict[str, dict]:
+        """Per race router: its options, with ``impl`` two_phase where it has one and none is named
+        (the same function as naive, tested; less wall time)."""
+        out = {}
+        for r in self.race_routers():
+            opts = dict((self.routers.router_options or {}).get(r, {}))
+            if "impl" not in opts and "two_phase" in router_class(r).impls:
+                opts["impl"] = "two_phase"
+            out[r] = opts
+        return out

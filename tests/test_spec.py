@@ -1,0 +1,221 @@
+"""The run spec: one line per bad option (command line or TOML) before any model, the command line
+overriding the file, and a finished run's ``spec.toml`` repeating its case set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import workloads.decoder
+from harness.cli import main
+from harness.records import completed_cases, load_rows
+from harness.spec import RunSpec, TrainSpec, load, to_toml
+from routers.errors import ConfigError
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Fail loudly if anything builds a decoder (errors must come first)."""
+    def forbidden(*a, **k):
+        raise AssertionError("a model was built before the bad option was reported")
+    monkeypatch.setattr(workloads.decoder.Decoder, "__init__", forbidden)
+
+
+@pytest.fixture(scope="module")
+def corrupt_corpora(tmp_path_factory):
+    """Corpus directories with a truncated vocab.json and with a key missing."""
+    root = tmp_path_factory.mktemp("corpora")
+    out = {}
+    for name, text in (("truncated", '{"chars": ["a", "b"], "n_tr'), ("missing_key", '{"chars": ["a", "b"]}')):
+        d = root / name
+        d.mkdir()
+        for f in ("train.bin", "val.bin"):
+            (d / f).write_bytes(b"\x00\x01" * 8)
+        (d / "vocab.json").write_text(text)
+        out[name] = d
+    return out
+
+
+TOML_CASES = [
+    # (command, toml text, needle in the one line)
+    ("run", "[bogus]\nx = 1\n", "unknown key 'bogus'"),
+    ("run", "[shape]\nwidthz = [64]\n", "unknown key shape.widthz"),
+    ("run", '[shape]\nwidths = "64"\n', "shape.widths in"),
+    ("run", '[shape]\nwidths = [64, "x"]\n', "must be an integer, got 'x'"),
+    ("run", '[routers]\nrouters = ["haares"]\n[routers.router_options.haares]\nn_blocks = "x"\n',
+     "routers.router_options in"),
+    ("run", '[routers]\nrouters = ["prenorm"]\n[routers.router_options.haares]\nn_blocks = 2\n',
+     "does not select"),
+    ("run", "[timing]\nrepeats = 0\n", "timing.repeats in"),
+    ("run", '[timing]\npaired = "yes"\n', "must be true or false"),
+    ("run", "[sweep]\ncase_timeout = 5\n", "sweep.case_timeout in"),
+    ("run", 'command = "train"\n', "use `routerbench train"),
+    ("run", "[shape\nwidths = [64]\n", "not valid TOML"),
+    ("train", "[training]\ntarget_loss = -1.0\n", "training.target_loss in"),
+    ("profile", '[profile]\nrouter = "nope"\n', "profile.router in"),
+    ("profile", '[profile]\nrouter = "prenorm"\n[output]\nreport = true\n', "unknown key output.report"),
+]
+
+CLI_CASES = [
+    (["run", "--routers", "prenorm,nope"], "--routers: 'nope' is not one of"),
+    (["run", "--widths", "90", "--depths", "2"], "--widths 90 is not divisible by --n-heads 4"),
+    (["run", "--n-heads", "3"], "is not divisible by --n-heads 3"),
+    (["run", "--router-options", "{bad json"], "--router-options must be a JSON object"),
+    (["run", "--router-options", '{"haares": {"n_blocks": 99}}'], "n_blocks=99 must be in 1..4"),
+    (["run", "--router-options", '{"haares": {"n_blocks": "x"}}'], "haares.n_blocks must be an integer"),
+    (["run", "--routers", "prenorm", "--router-options", '{"haares": {}}'], "which --routers does not select"),
+    (["run", "--router-options", '{"nope": {}}'], "unknown router 'nope'"),
+    (["run", "--router-options", '{"haares": {"bogus": 1}}'], "has no option(s) ['bogus']"),
+    (["run", "--backends", "tpu"], "--backends: 'tpu' is not one of"),
+    (["run", "--modes", "fwd,zzz"], "--modes: 'zzz' is not one of"),
+    (["run", "--repeats", "0"], "--repeats must be >= 1"),
+    (["run", "--repeats", "x"], "--repeats takes an integer, got 'x'"),
+    (["run", "--warmup-s", "-1"], "--warmup-s must be >= 0"),
+    (["run", "--no-paired", "--pair-order", "ABAB"], "--pair-order has no effect with --no-paired"),
+    (["run", "--case-timeout", "5"], "--case-timeout needs --isolate"),
+    (["run", "--no-train", "--train-steps", "5"], "--train-steps has no effect with --no-train"),
+    (["run", "--backends", "eager", "--compile-modes", "default"], "--compile-modes has no effect"),
+    (["run", "--backends", "eager", "--smallest-modes", "fwd"], "--smallest-modes has no effect"),
+    (["run", "--data", "/no/such/dir"], "--data: no such directory"),
+    (["run", "--data", "@truncated"], "--data: corrupt corpus"),
+    (["train", "--target-loss", "2", "--data", "@missing_key"], "--data: corrupt corpus"),
+    (["run", "--device", "tpu"], "--device 'tpu'"),
+    (["run", "--device", "cuda"], "--device cuda: no CUDA device is visible"),
+    (["run", "--dtype", "float8"], "--dtype: 'float8' is not one of"),
+    (["run", "--target-loss", "-1"], "--target-loss must be > 0"),
+    (["run", "--impls", "fast"], "--impls: 'fast' is not one of"),
+    (["run", "--widths", "64,64"], "--widths lists a value twice"),
+    (["run", "--bogus-flag"], "No such option '--bogus-flag'"),
+    (["run", "--config", "/no/such.toml"], "--config /no/such.toml: no such file"),
+    (["run", "--out", "@file"], "--out"),
+    (["run", "--out", "/proc/version/sub"], "--out"),
+    (["train"], "--target-loss is required"),
+    (["train", "--target-loss", "2", "--workload", "router_only"], "training needs the decoder workload"),
+    (["train", "--target-loss", "2", "--seeds", "0"], "--seeds must be >= 1"),
+    (["train", "--target-loss", "2", "--routers", "nope"], "--routers: 'nope' is not one of"),
+    (["profile"], "--router is required"),
+    (["profile", "--router", "haares", "--impl", "two_phase", "--router-options", '{"impl": "naive"}'],
+     "--impl two_phase contradicts impl='naive'"),
+    (["profile", "--router", "prenorm", "--compile-mode", "default"], "--compile-mode has no effect"),
+    (["profile", "--router", "prenorm", "--backend", "cudagraph"], "no CUDA device here"),
+    (["profile", "--router", "prenorm", "--backend", "compile", "--methods", "labels"], "--methods labels"),
+    (["profile", "--router", "prenorm", "--d-model", "30"], "--d-model 30 is not divisible by --n-heads"),
+    (["data", "prepare", "--text", "/no/such.txt", "--out", "x"], "--text FILE: no such file"),
+]
+
+
+def _one_line_error(res, needle):
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    assert "Traceback" not in res.output, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith("routerbench: error:") and needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,needle", CLI_CASES, ids=[" ".join(a)[:60] for a, _ in CLI_CASES])
+def test_bad_option_is_one_line_naming_it(tmp_path, no_models, corrupt_corpora, args, needle):
+    args = list(args)
+    for i, a in enumerate(args):
+        if a.startswith("@") and a[1:] in corrupt_corpora:
+            args[i] = str(corrupt_corpora[a[1:]])
+        elif a == "@file":
+            (tmp_path / "a_file").write_text("x")
+            args[i] = str(tmp_path / "a_file")
+    if args[0] != "data" and "--out" not in args:
+        args += ["--out", str(tmp_path)]
+    _one_line_error(CliRunner().invoke(main, args), needle)
+
+
+@pytest.mark.parametrize("command,text,needle", TOML_CASES, ids=[t[:40] for _, t, _ in TOML_CASES])
+def test_bad_toml_is_one_line_naming_the_key(tmp_path, no_models, command, text, needle):
+    cfg = tmp_path / "spec.toml"
+    cfg.write_text(text)
+    extra = ["--target-loss", "2"] if command == "train" and "target_loss" not in text else []
+    res = CliRunner().invoke(main, [command, "--config", str(cfg), "--out", str(tmp_path)] + extra)
+    _one_line_error(res, needle)
+    if needle.endswith(" in"):
+        assert str(cfg) in res.output  # an error of a TOML value names its key and file
+
+
+def test_tables_have_enough_cases():
+    assert len(CLI_CASES) + len(TOML_CASES) >= 25
+
+
+def test_command_line_overrides_the_file(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[shape]\nwidths = [16, 32]\ndepths = [2]\n[timing]\nrepeats = 7\n')
+    spec, labels = load(RunSpec, {"repeats": "3"}, str(cfg))
+    assert spec.timing.repeats == 3 and spec.shape.widths == (16, 32)
+    assert labels("timing.repeats") == "--repeats"
+    assert labels("shape.widths") == f"shape.widths in {cfg}"
+    spec, _ = load(RunSpec, {}, str(cfg))
+    assert spec.timing.repeats == 7
+
+
+def test_resolved_spec_is_a_fixed_point():
+    """Resolving, writing and reading back a spec changes nothing, so spec.toml repeats a run."""
+    spec, labels = load(RunSpec, {"routers": "prenorm,haares", "widths": "16", "depths": "2,4",
+                                  "router_options": json.dumps({"haares": {"n_blocks": 2}})}, None)
+    r1 = spec.resolve(labels)
+    text = to_toml(r1, RunSpec.NOT_IN_FILE)
+    assert "out =" not in text and "run_id" not in text
+    import tomllib
+    doc = tomllib.loads(text)
+    assert doc["routers"]["router_options"] == {"haares": {"n_blocks": 2}}
+    assert doc["sweep"]["smallest_backends"] == ["compile"] and doc["sweep"]["smallest_modes"] == ["fwd_bwd"]
+    p = Path(__file__).parent / "_tmp_fixed_point.toml"
+    try:
+        p.write_text(text)
+        s2, l2 = load(RunSpec, {}, str(p))
+        r2 = s2.resolve(l2)
+    finally:
+        p.unlink()
+    assert r2 == r1
+    assert [c.key for c in r2.cases()] == [c.key for c in r1.cases()]
+
+
+def test_defaults_resolve_to_the_device_suite():
+    spec, labels = load(RunSpec, {}, None)
+    r = spec.resolve(labels)
+    assert r.shape.widths == (64, 128) and r.shape.depths == (4, 8)
+    assert r.sweep.backends == ("eager",) and r.sweep.smallest_backends == ("compile",)
+    cases = r.cases()
+    # 7 routers + two_phase of the 3 block routers = 10 impls; eager on 2×2 shapes × 2 modes,
+    # compile fwd_bwd at the smallest shape.
+    assert len(cases) == 10 * 4 * 2 + 10
+    with pytest.raises(ConfigError, match="--target-loss is required"):
+        TrainSpec().resolve(load(TrainSpec, {}, None)[1])
+
+
+def test_a_finished_runs_spec_repeats_its_case_set(tmp_path):
+    args = ["run", "--routers", "prenorm,haares", "--widths", "16", "--depths", "2", "--modes", "fwd",
+            "--repeats", "2", "--warmup-s", "0", "--backends", "eager", "--impls", "naive,two_phase",
+            "--no-train", "--no-report", "--no-flops", "--quiet", "--out", str(tmp_path), "--run-id", "first"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    first = next(tmp_path.glob("*/first"))
+    res = CliRunner().invoke(main, ["run", "--config", str(first / "spec.toml"), "--out", str(tmp_path),
+                                    "--run-id", "again"])
+    assert res.exit_code == 0, res.output
+    again = first.parent / "again"
+    assert set(completed_cases(again)) == set(completed_cases(first)) and len(completed_cases(first)) == 3
+    st = [(r["case_key"], r["repeat"]) for r in load_rows([again]) if r["metric"] == "step_time"]
+    assert sorted(st) == sorted((r["case_key"], r["repeat"]) for r in load_rows([first])
+                                if r["metric"] == "step_time")
+    assert (again / "spec.toml").read_text() == (first / "spec.toml").read_text()
+
+
+def test_the_fallback_writer_gives_the_same_document():
+    """Without tomli_w (a bare GPU box) spec.toml is written by a small writer: same document."""
+    import tomllib
+
+    from harness.spec.base import _dumps_subset
+    spec, labels = load(RunSpec, {"routers": "prenorm,haares", "widths": "16", "depths": "2",
+                                  "router_options": json.dumps({"haares": {"n_blocks": 2, "impl": "naive",
+                                                                           "max_detail_scale": 2.5}})}, None)
+    text = to_toml(spec.resolve(labels), RunSpec.NOT_IN_FILE)
+    doc = tomllib.loads(text)
+    assert tomllib.loads(_dumps_subset(doc)) == doc
