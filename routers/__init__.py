@@ -20,5 +20,5 @@ for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _INFRA and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")
 
-__all__ = ["ConfigError", "ROUTERS", "Router", "Slot", "block_layout", "build_router", "check_router_options", "default_n_blocks",
-           "register", "router_class", "router_options"]
+__all__ = ["ConfigError", "ROUTERS", "Router", "Slot", "block_layout", "build_router",
+           "check_router_options", "default_n_blocks", "register", "router_class", "router_options"]

@@ -106,6 +106,19 @@ def _describe(v: Any) -> str:
     return f"{v!r} ({type(v).__name__})"
 
 
+#: How a number option is parsed from the command line and what it is called in a message.
+_NUMBERS: dict[str, tuple[Callable[[Any], Any], str]] = {"int": (int, "an integer"),
+                                                         "float": (float, "a finite number")}
+
+
+def _is_number(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):
+        return False
+    if kind == "int":
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def coerce(value: Any, o: Opt, label: str, from_cli: bool) -> Any:
     """``value`` of one option as its kind, checked against choices and range.
 
@@ -144,26 +157,18 @@ def coerce(value: Any, o: Opt, label: str, from_cli: bool) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{label} must be true or false, got {_describe(value)}")
         return value
-    if k == "int":
+    if k in _NUMBERS:
+        parse, what = _NUMBERS[k]
         if from_cli and isinstance(value, str):
             try:
-                value = int(value)
+                value = parse(value)
             except ValueError:
-                raise ConfigError(f"{label} takes an integer, got {value!r}") from None
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{label} must be an integer, got {_describe(value)}")
-    elif k == "float":
-        if from_cli and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(f"{label} takes a number, got {value!r}") from None
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ConfigError(f"{label} must be a finite number, got {_describe(value)}")
-        value = float(value)
-    elif k == "str":
-        if not isinstance(value, str):
-            raise ConfigError(f"{label} must be a string, got {_describe(value)}")
+                raise ConfigError(f"{label} takes {what}, got {value!r}") from None
+        if not _is_number(value, k):
+            raise ConfigError(f"{label} must be {what}, got {_describe(value)}")
+        value = parse(value)
+    elif k == "str" and not isinstance(value, str):
+        raise ConfigError(f"{label} must be a string, got {_describe(value)}")
     allowed = o.allowed()
     if allowed is not None and value not in allowed:
         raise ConfigError(f"{label}: {value!r} is not one of {', '.join(map(str, allowed))}")

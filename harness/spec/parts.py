@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import torch
@@ -70,6 +70,9 @@ class Output:
     quiet: bool | None = option("bool", "No progress bars (default: off).")
 
 
+#: Output options never written to ``spec.toml``: a spec repeats a run into a new directory.
+NOT_IN_FILE = ("output.out", "output.run_id")
+
 #: The shape options every command shares, as :class:`DecoderConfig` fields.
 SHARED_SHAPE = ("n_heads", "seq_len", "batch_size", "dtype", "workload", "grad_checkpoint")
 
@@ -107,6 +110,11 @@ def base_shape(shape: Shape, device: torch.device, default_preset: str | None = 
     name = shape.preset or default_preset
     base = preset(name) if name else default_grid(device)["base"]
     return base.replace(**{k: getattr(shape, k) for k in SHARED_SHAPE if getattr(shape, k) is not None})
+
+
+def resolved_shape(shape: Shape, base: DecoderConfig, **fields: Any) -> Shape:
+    """``shape`` with every shared option set to the base config's effective value, plus ``fields``."""
+    return replace(shape, **{k: getattr(base, k) for k in SHARED_SHAPE}, **fields)
 
 
 def check_heads(widths: Iterable[int], heads: int, L: Labels, width_path: str) -> None:

@@ -12,7 +12,8 @@ from ..backends import BACKENDS, unavailable_reason
 from ..modes import MODES
 from ..profile import METHODS
 from .base import Labels, given, option
-from .parts import Output, Single, base_shape, check_heads, resolve_device
+from .parts import (NOT_IN_FILE, Output, Single, base_shape, check_heads, resolve_device,
+                    resolved_shape)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ProfileSpec:
     """Everything ``routerbench profile`` needs; :meth:`resolve` checks it and fills in defaults."""
 
     COMMAND: ClassVar[str] = "profile"
-    NOT_IN_FILE: ClassVar[tuple[str, ...]] = ("output.out", "output.run_id")
+    NOT_IN_FILE: ClassVar[tuple[str, ...]] = NOT_IN_FILE
     #: Options of the shared parts that this command does not take.
     EXCLUDE: ClassVar[tuple[str, ...]] = ("output.report",)
 
@@ -96,9 +97,7 @@ class ProfileSpec:
         check_router_options(p.router, opts_full, d_model, n_layers, L("profile.router_options"))
         return replace(
             self,
-            shape=replace(s, d_model=d_model, n_layers=n_layers, n_heads=base.n_heads,
-                          seq_len=base.seq_len, batch_size=base.batch_size, dtype=base.dtype,
-                          workload=base.workload, grad_checkpoint=base.grad_checkpoint),
+            shape=resolved_shape(s, base, d_model=d_model, n_layers=n_layers),
             profile=replace(p, router_options=opts or None, impl=impl, backend=backend, compile_mode=cm,
                             mode=p.mode or "fwd_bwd", methods=tuple(methods),
                             wait=1 if p.wait is None else p.wait, warmup=2 if p.warmup is None else p.warmup,

@@ -15,8 +15,8 @@ from ..modes import MODES
 from ..paired import ORDERS
 from ..timing import TimingPolicy
 from .base import Labels, given, option
-from .parts import (Grid, Output, RouterSet, base_shape, check_heads, check_router_set, default_grid,
-                    impl_names, resolve_device)
+from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, base_shape, check_heads, check_router_set,
+                    default_grid, impl_names, resolve_device, resolved_shape)
 
 #: The default smoke race: char-level, small enough for a 2-core CPU (README).
 RACE_ROUTERS = ("prenorm", "haares")
@@ -75,8 +75,7 @@ class RunSpec:
     """Everything ``routerbench run`` needs; :meth:`resolve` checks it and fills in defaults."""
 
     COMMAND: ClassVar[str] = "run"
-    #: Never written to ``spec.toml``: a spec repeats a run into a new directory.
-    NOT_IN_FILE: ClassVar[tuple[str, ...]] = ("output.out", "output.run_id")
+    NOT_IN_FILE: ClassVar[tuple[str, ...]] = NOT_IN_FILE
 
     shape: Grid = Grid()
     routers: RouterSet = RouterSet()
@@ -131,9 +130,7 @@ class RunSpec:
         isolate = bool(sw.isolate)
         return replace(
             self,
-            shape=replace(s, widths=tuple(widths), depths=tuple(depths), n_heads=base.n_heads,
-                          seq_len=base.seq_len, batch_size=base.batch_size, dtype=base.dtype,
-                          workload=base.workload, grad_checkpoint=base.grad_checkpoint),
+            shape=resolved_shape(s, base, widths=tuple(widths), depths=tuple(depths)),
             routers=replace(self.routers, routers=routers, router_options=self.routers.router_options or None),
             sweep=replace(sw, impls=impls, backends=backends, smallest_backends=smallest or None,
                           smallest_modes=smallest_modes, modes=modes,

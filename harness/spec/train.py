@@ -8,7 +8,8 @@ from typing import ClassVar
 from routers.errors import ConfigError
 
 from .base import Labels, option
-from .parts import Output, RouterSet, Single, base_shape, check_heads, check_router_set, resolve_device
+from .parts import (NOT_IN_FILE, Output, RouterSet, Single, base_shape, check_heads, check_router_set,
+                    resolve_device, resolved_shape)
 
 DEFAULT_ROUTERS = ("prenorm", "haares")
 DEFAULT_PRESET = "cpu-train"
@@ -35,7 +36,7 @@ class TrainSpec:
     """Everything ``routerbench train`` needs; :meth:`resolve` checks it and fills in defaults."""
 
     COMMAND: ClassVar[str] = "train"
-    NOT_IN_FILE: ClassVar[tuple[str, ...]] = ("output.out", "output.run_id")
+    NOT_IN_FILE: ClassVar[tuple[str, ...]] = NOT_IN_FILE
 
     shape: Single = Single()
     routers: RouterSet = RouterSet()
@@ -69,9 +70,7 @@ class TrainSpec:
                                   f"{tr.data} has only {len(corpus.val)} tokens; lower it")
         return replace(
             self,
-            shape=replace(s, preset=s.preset or DEFAULT_PRESET, d_model=d_model, n_layers=n_layers,
-                          n_heads=base.n_heads, seq_len=base.seq_len, batch_size=base.batch_size,
-                          dtype=base.dtype, workload=base.workload, grad_checkpoint=base.grad_checkpoint),
+            shape=resolved_shape(s, base, preset=s.preset or DEFAULT_PRESET, d_model=d_model, n_layers=n_layers),
             routers=replace(self.routers, routers=routers, router_options=self.routers.router_options or None),
             training=replace(tr, seeds=tr.seeds or 1, max_steps=tr.max_steps or 300,
                              eval_every=tr.eval_every or 20, lr=tr.lr or 3e-3,
