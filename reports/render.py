@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from harness.records import MANIFEST_FILE
+from harness.records import MANIFEST_FILE, aborted_summary
 
 from . import figures, paired, tables
 
@@ -262,6 +262,11 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
     fails = Section("Skipped and failed cases", _table_blocks(
         tables.failures(df), "None: every case ran (not-converged training runs are listed "
                              "above)."))
+    aborted = {str(d): aborted_summary(d) for d in run_dirs}
+    if any(a["units"] for a in aborted.values()):
+        fails.blocks.append(("text", "Units cut short and measured again (their rows are kept in "
+                                     "aborted/ and never used here): " + "; ".join(
+            f"{d}: {a['units']} unit(s), {a['rows']} row(s)" for d, a in aborted.items() if a["units"])))
     pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
     pairs.blocks += _table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
                                   drop=("variant",), split=("run_id", "mode", "backend",

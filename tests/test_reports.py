@@ -257,6 +257,8 @@ def test_resume_keeps_only_the_finishing_session(tmp_path):
     with RunWriter(tmp_path, run_id="r", session="s4", base={"device": "cpu"}) as w4:
         cost_case(w4, "mhc", 64, [15])
     assert row(overhead_table(load_frame([tmp_path])), router="mhc")["overhead_pct"] == 50.0
+    md = build_report([tmp_path])["report.md"].read_text()
+    assert "aborted/ and never used here" in md and "2 unit(s), 3 row(s)" in md
 
 
 def test_environment_table_reads_manifest_fields(tmp_path):
