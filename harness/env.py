@@ -104,8 +104,8 @@ def _nvidia_driver() -> str | None:
 
 
 def new_run_id() -> str:
-    """A sortable run id: UTC time to the second."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    """A sortable run id that two processes cannot share: UTC time to the second, then the pid."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
 def write_manifest(run_dir: Path, device: torch.device | str, extra: dict[str, Any]) -> Path:

@@ -192,8 +192,8 @@ def _run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunW
     u = run.unit([c.key for c, _ in todo], kind=kind)
     try:
         statuses, failure = _spawn_unit(todo, device, u, opts)
-    except BaseException:
-        u.abandon("interrupted")
+    except BaseException as exc:
+        u.abandon(f"{type(exc).__name__}: {exc}")
         raise
     if failure is None:
         u.commit(statuses)
@@ -205,8 +205,8 @@ def _run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunW
             u1 = run.unit([case.key], kind="case")
             try:
                 st, fail = _spawn_unit([(case, first)], device, u1, opts)
-            except BaseException:
-                u1.abandon("interrupted")
+            except BaseException as exc:
+                u1.abandon(f"{type(exc).__name__}: {exc}")
                 raise
             if fail is None:
                 u1.commit(st)

@@ -65,6 +65,11 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
     assert rows.loc["router_share", "impl"] == "two_phase"
     assert workloads.decoder.PROFILE_LABELS is False  # switched off again after the trace
 
+    # the same command again: the profile is complete, nothing is profiled or recorded twice
+    again = invoke("profile", "--config", run_dir / "spec.toml", "--out", tmp_path, "--run-id", "t")
+    assert again.exit_code == 0 and "nothing left to do" in again.output, again.output
+    assert len(units(run_dir)) == 1 and len(list((run_dir / "trace").glob("*.json"))) == 1
+
 
 def test_paired_difference_and_router_only_methods(tmp_path):
     case = Case("haares", CFG, "fwd", "eager", impl="naive")
@@ -137,3 +142,16 @@ def test_cuda_profile_and_memory_snapshot(tmp_path):
     t = res["table"].set_index("label")
     assert 0 < t.loc["router", "ms_per_step"] < t.loc["step", "ms_per_step"]
     assert res["memory_snapshot"].stat().st_size > 0
+
+
+def test_outputs_of_a_profile_cut_short_are_set_aside(tmp_path):
+    from harness.env import device_slug
+    run_dir = tmp_path / device_slug("cpu") / "profile-u"
+    (run_dir / "trace").mkdir(parents=True)
+    (run_dir / "trace" / "old.pt.trace.json").write_text("{}")  # an attempt that was killed
+    res = invoke("profile", "--router", "prenorm", *SHAPE, "--device", "cpu", "--out", tmp_path,
+                 "--run-id", "u")
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in (run_dir / "trace").iterdir()] != ["old.pt.trace.json"]
+    assert len(list((run_dir / "trace").glob("*.pt.trace.json"))) == 1
+    assert list((run_dir / "aborted").glob("*-outputs/trace/old.pt.trace.json"))

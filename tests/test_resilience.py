@@ -117,7 +117,7 @@ def test_interrupt_prints_the_resume_command_and_it_finishes(tmp_path, sig, code
     out, err = p.communicate(timeout=60)
     assert p.returncode == code, (out, err)
     line = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
-    assert len(line) == 1 and f"interrupted ({sig.name}):" in line[0] and f"of {N_CASES} done" in line[0], err
+    assert len(line) == 1 and line[0].startswith("interrupted: ") and f"of {N_CASES} done" in line[0], err
     d = run_dir(tmp_path, "int")
     done_before = len(completed_cases(d))
     assert 0 < done_before < N_CASES

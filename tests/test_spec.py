@@ -27,6 +27,15 @@ def corrupt_corpora(tmp_path_factory):
             (d / f).write_bytes(b"\x00\x01" * 8)
         (d / "vocab.json").write_text(text)
         out[name] = d
+    # a corpus whose tokens use ids its vocabulary does not have (prepared against another text)
+    from workloads.data import prepare_corpus_from_text
+    bad = prepare_corpus_from_text("abcabcabcabcabcabcabcabcabcabcabcabcabc" * 40, root / "badtok").path
+    vocab = __import__("json").loads((bad / "vocab.json").read_text())
+    (bad / "train.bin").write_bytes(bytes([7] * (bad / "train.bin").stat().st_size))
+    assert vocab
+    out["badtok"] = bad
+    (root / "binary.toml").write_bytes(b"\xff\xfe[shape]\x00")
+    out["binary"] = root / "binary.toml"
     return out
 
 
@@ -45,6 +54,8 @@ TOML_CASES = [
     ("run", "[sweep]\ncase_timeout = 5\n", "sweep.case_timeout in"),
     ("run", 'command = "train"\n', "use `routerbench train"),
     ("run", "[shape\nwidths = [64]\n", "not valid TOML"),
+    ("run", "command = 5\n", "command must be a string"),
+    ("run", '[sweep]\nbackends = ["eager"]\nsmallest_backends = ["eager"]\n', "already runs on the whole grid"),
     ("train", "[training]\ntarget_loss = -1.0\n", "training.target_loss in"),
     ("profile", '[profile]\nrouter = "nope"\n', "profile.router in"),
     ("profile", '[profile]\nrouter = "prenorm"\n[output]\nreport = true\n', "unknown key output.report"),
@@ -79,6 +90,14 @@ CLI_CASES = [
     (["run", "--target-loss", "-1"], "--target-loss must be > 0"),
     (["run", "--impls", "fast"], "--impls: 'fast' is not one of"),
     (["run", "--widths", "64,64"], "--widths lists a value twice"),
+    (["run", "--widths", "16,,32"], "--widths takes comma-separated values without empty ones"),
+    (["run", "--backends", "compile", "--smallest-backends", "compile"], "already runs on the whole grid"),
+    (["run", "--modes", "fwd", "--backends", "eager", "--grad-checkpoint"], "--grad-checkpoint has no effect"),
+    (["run", "--run-id", "../escape"], "--run-id '../escape': a run id is one name"),
+    (["run", "--run-id", "sub/dir"], "--run-id 'sub/dir'"),
+    (["run", "--run-id", ""], "--run-id '': a run id is one name"),
+    (["run", "--config", "@binary"], "not valid TOML (not UTF-8 text)"),
+    (["train", "--target-loss", "2", "--data", "@badtok"], "holds token id"),
     (["run", "--bogus-flag"], "No such option '--bogus-flag'"),
     (["run", "--config", "/no/such.toml"], "--config /no/such.toml: no such file"),
     (["run", "--out", "@file"], "--out"),
@@ -207,6 +226,11 @@ def test_a_finished_runs_spec_repeats_its_case_set(tmp_path):
     assert sorted(st) == sorted((r["case_key"], r["repeat"]) for r in load_rows([first])
                                 if r["metric"] == "step_time")
     assert (again / "spec.toml").read_text() == (first / "spec.toml").read_text()
+    # resuming with other options is refused, naming the first difference
+    other = args[:args.index("--repeats") + 1] + ["3"] + args[args.index("--repeats") + 2:]
+    _one_line_error(CliRunner().invoke(main, other), "started with timing.repeats = 2, not 3")
+    no_train = [a for a in args if a != "--no-train"]
+    _one_line_error(CliRunner().invoke(main, no_train), "race.train = false, not true")
 
 
 def test_the_fallback_writer_gives_the_same_document():
@@ -220,3 +244,74 @@ def test_the_fallback_writer_gives_the_same_document():
     text = to_toml(spec.resolve(labels), RunSpec.NOT_IN_FILE)
     doc = tomllib.loads(text)
     assert tomllib.loads(_dumps_subset(doc)) == doc
+
+
+def test_a_run_dir_is_resumed_only_by_its_own_command_and_readable_spec(tmp_path, no_models):
+    base = ["--out", str(tmp_path), "--device", "cpu"]
+    from harness.env import device_slug
+    d = tmp_path / device_slug("cpu") / "r1"
+    d.mkdir(parents=True)
+    (d / "spec.toml").write_text('command = "train"\n[training]\ntarget_loss = 2.0\n')
+    res = CliRunner().invoke(main, ["run", "--run-id", "r1", "--no-train"] + base)
+    _one_line_error(res, "holds a `routerbench train` run; choose another --run-id")
+    (d / "spec.toml").write_text('command = "run"\n[shape\n')
+    _one_line_error(CliRunner().invoke(main, ["run", "--run-id", "r1", "--no-train"] + base),
+                    "spec.toml is unreadable")
+    assert (d / "spec.toml").read_text() == 'command = "run"\n[shape\n'  # never overwritten
+
+
+def test_shapes_are_checked_with_the_width_they_run_at():
+    spec, labels = load(RunSpec, {"widths": "48", "depths": "2", "n_heads": "3", "train": False}, None)
+    r = spec.resolve(labels)
+    assert r.shape.n_heads == 3 and {c.cfg.head_dim for c in r.cases()} == {16}
+    spec, labels = load(TrainSpec, {"target_loss": "2", "d_model": "48", "n_heads": "3"}, None)
+    assert spec.resolve(labels).decoder_config().head_dim == 16
+    # a named preset is its own shape
+    spec, labels = load(RunSpec, {"preset": "char-12L", "train": False}, None)
+    r = spec.resolve(labels)
+    assert r.shape.widths == (512,) and r.shape.depths == (12,) and r.shape.n_heads == 8
+
+
+def test_saved_specs_replay_from_anywhere(tmp_path, monkeypatch):
+    """Paths are written absolute, and a CPU profile's spec holds no snapshot options."""
+    from harness.spec import ProfileSpec
+    from workloads.data import prepare_corpus_from_text
+    prepare_corpus_from_text("the quick brown fox jumps over the lazy dog. " * 200, tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    spec, labels = load(TrainSpec, {"target_loss": "2", "data": "corpus"}, None)
+    text = to_toml(spec.resolve(labels), TrainSpec.NOT_IN_FILE)
+    assert f'data = "{tmp_path / "corpus"}"' in text
+    spec, labels = load(ProfileSpec, {"router": "haares", "memory_snapshot": True}, None)
+    r = spec.resolve(labels)
+    assert r.profile.memory_snapshot is False and r.profile.max_entries is None
+    p = tmp_path / "profile.toml"
+    p.write_text(to_toml(r, ProfileSpec.NOT_IN_FILE))
+    s2, l2 = load(ProfileSpec, {}, str(p))
+    assert s2.resolve(l2) == r
+
+
+def test_default_run_ids_differ_between_processes():
+    import os
+    from harness.env import new_run_id
+    rid = new_run_id()
+    assert rid.endswith(f"-{os.getpid()}") and len(rid.split("-")) == 3
+
+
+def test_report_errors_are_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_error(CliRunner().invoke(main, ["report", str(empty)]), "no records.jsonl in or below")
+    _one_line_error(CliRunner().invoke(main, ["summary", str(tmp_path / "nope")]), "is not a directory")
+    from harness.cases import expand
+    from harness.rundir import RunWriter
+    from workloads.config import PRESETS
+    case = expand(["prenorm"], PRESETS["cpu-quick"], [16], [2], modes=["fwd"])[0]
+    for rid in ("a", "b"):
+        with RunWriter(tmp_path / "dev" / rid, rid, "s") as w, w.unit([case.key]) as u:
+            for i in range(3):
+                u.write(**case.columns(), metric="step_time", value=1.0 + i, unit="ms", repeat=i)
+    _one_line_error(CliRunner().invoke(main, ["report", str(tmp_path / "dev")]), "2 runs given")
+    _one_line_error(CliRunner().invoke(main, ["report", str(tmp_path / "dev"), "--out", "/proc/version/x"]),
+                    "--out /proc/version/x: cannot write the report there")
+    res = CliRunner().invoke(main, ["report", str(tmp_path / "dev"), "--out", str(tmp_path / "joint")])
+    assert res.exit_code == 0 and (tmp_path / "joint" / "report.md").exists(), res.output

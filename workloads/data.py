@@ -83,11 +83,17 @@ class CharCorpus:
                 (truncated JSON, a missing key), a ``.bin`` file of the wrong size.
         """
         try:
-            return cls.load(path)
+            corpus = cls.load(path)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e).replace("--data DIR", label, 1)) from None
         except OSError as e:
             raise ConfigError(f"{label}: cannot read '{path}' ({e.strerror or e}); {PREPARE_HINT}") from None
+        for name, split in (("train.bin", corpus.train), ("val.bin", corpus.val)):
+            top = int(split.max()) if len(split) else 0  # one pass over the file: a char corpus is small
+            if top >= corpus.vocab_size:
+                raise ConfigError(f"{label}: corrupt corpus in '{path}' ({name} holds token id {top}, "
+                                  f"vocab.json has {corpus.vocab_size} symbols); {PREPARE_HINT}")
+        return corpus
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``: 1-D array of ``self.dtype``, length len(text).

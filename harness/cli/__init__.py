@@ -9,11 +9,21 @@ and stop cleanly on SIGINT/SIGTERM (:class:`harness.cli.common.Run`).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-import click
 
-from routers.errors import ConfigError
+def _interrupted_while_loading(signum, frame):  # Ctrl-C while torch loads: no traceback
+    sys.stderr.write("\nrouterbench: interrupted before any work\n")
+    os._exit(128 + signum)
+
+
+_previous_sigint = signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+import click  # noqa: E402 - after the handler: importing torch takes seconds
+
+from routers.errors import ConfigError  # noqa: E402
 
 
 class _Group(click.Group):
@@ -26,9 +36,8 @@ class _Group(click.Group):
             click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
             sys.exit(0)
         except click.UsageError as exc:
-            hint = f" (see routerbench {exc.ctx.command.name} --help)" if exc.ctx and exc.ctx.command.name \
-                and exc.ctx.command is not self else " (see routerbench --help)"
-            _fail(exc.format_message().replace("\n", " ") + hint)
+            path = exc.ctx.command_path if exc.ctx else "routerbench"
+            _fail(exc.format_message().replace("\n", " ") + f" (see {path} --help)")
         except click.ClickException as exc:
             _fail(exc.format_message())
         except click.exceptions.Exit as exc:
@@ -62,3 +71,4 @@ def _register() -> None:
 
 
 _register()
+signal.signal(signal.SIGINT, _previous_sigint)  # the commands install their own (harness.cli.common)

@@ -20,7 +20,7 @@ from ..env import device_slug, new_run_id, write_manifest
 from ..records import SPEC_FILE
 from ..rundir import RunWriter
 from ..spec import load, to_toml, write_toml
-from ..spec.base import flag, leaves, read_toml, tomllib
+from ..spec.base import flag, leaves, tomllib
 
 #: How each kind of option is shown in ``--help``.
 METAVAR = {"int": "N", "float": "X", "str": "TEXT", "ints": "N,N", "strs": "A,B", "table": "JSON"}
@@ -43,7 +43,8 @@ def spec_options(spec_cls: type) -> Callable:
             if o.kind == "bool":
                 f = click.option(f"--{dash}/--no-{dash}", name, default=None, help=o.help)(f)
             else:
-                f = click.option(flag(name), name, default=None, help=o.help, metavar=METAVAR[o.kind])(f)
+                f = click.option(flag(name), name, default=None, help=o.help,
+                                 metavar=o.metavar or METAVAR[o.kind])(f)
         return click.option("--config", default=None, metavar="FILE.toml",
                             help="Options as TOML (sections as in spec.toml); the command line overrides it.")(f)
     return deco
@@ -121,11 +122,12 @@ class Run:
         self.device = torch.device(spec.output.device)
         self.dir = Path(out) / device_slug(self.device) / self.run_id
         self.command, self.spec, self.out = command, spec, out
+        self.resumed = (self.dir / SPEC_FILE).exists() or (self.dir / "records.jsonl").exists()
         if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 alone writes and locks
             from ..rundir import NullRunWriter
             self.writer = NullRunWriter(self.dir, self.run_id)
             return
-        self.writer = RunWriter(self.dir, self.run_id, new_run_id() + f"-{os.getpid()}",
+        self.writer = RunWriter(self.dir, self.run_id, new_run_id(),
                                 base={"device": str(self.device)}, out_option=f"--out {out}")
         try:
             self._check_spec()
@@ -138,17 +140,41 @@ class Run:
         return self.dir / SPEC_FILE
 
     def _check_spec(self) -> None:
+        """A resumed run must be resumed with the spec it was started with."""
         mine = _comparable(to_toml(self.spec, self.spec.NOT_IN_FILE))
         if self.spec_path.exists():
-            theirs = _comparable(to_toml(load(type(self.spec), {}, str(self.spec_path))[0],
-                                         self.spec.NOT_IN_FILE)) if _readable(self.spec_path, self.command) else None
-            if theirs is not None and theirs != mine:
-                diff = next((k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)))
+            try:
+                text = self.spec_path.read_text(encoding="utf-8")
+                command = tomllib.loads(text).get("command")
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                raise ConfigError(f"--run-id {self.run_id}: {self.spec_path} is unreadable, so this run "
+                                  "cannot be resumed safely; choose another --run-id") from None
+            if command != self.command:
+                raise ConfigError(f"--run-id {self.run_id}: {self.dir} holds a `routerbench {command}` run; "
+                                  f"choose another --run-id for `routerbench {self.command}`")
+            try:
+                theirs = _comparable(to_toml(load(type(self.spec), {}, str(self.spec_path))[0],
+                                             self.spec.NOT_IN_FILE))
+            except ConfigError as exc:
+                raise ConfigError(f"--run-id {self.run_id}: its {SPEC_FILE} no longer loads ({exc}); "
+                                  "choose another --run-id") from None
+            if theirs != mine:
+                keys = list(theirs) + [k for k in mine if k not in theirs]
+                diff = next(k for k in keys if mine.get(k) != theirs.get(k))
                 raise ConfigError(f"--run-id {self.run_id}: this run was started with {diff} = "
-                                  f"{theirs.get(diff)!r}, not {mine.get(diff)!r}; resume it with --config "
-                                  f"{self.spec_path} or choose another --run-id")
+                                  f"{_show(theirs.get(diff))}, not {_show(mine.get(diff))}; resume it with "
+                                  f"--config {self.spec_path} or choose another --run-id")
         write_toml(self.spec, self.spec_path, f"routerbench {self.command} spec, resolved; repeat with:\n"
                    f"  routerbench {self.command} --config {SPEC_FILE} --run-id NEW", self.spec.NOT_IN_FILE)
+
+    def announce(self, what: str = "") -> None:
+        """Say where the run goes, whether it resumes, and what was recovered from a dead writer."""
+        rec = self.writer.recovered
+        if rec["pending_units"] or rec["torn_tail_bytes"]:
+            torn = f" and a torn tail of records.jsonl ({rec['torn_tail_bytes']} bytes)" if rec["torn_tail_bytes"] else ""
+            click.echo(f"recovered: {rec['pending_units']} unfinished unit(s){torn} of an earlier process, "
+                       f"moved to {self.dir / 'aborted'}")
+        click.echo(f"{'resuming' if self.resumed else 'writing'} {self.dir}{what}")
 
     def manifest(self, extra: dict[str, Any]) -> None:
         """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun."""
@@ -167,16 +193,16 @@ class Run:
 
         ``keys`` gives the case keys the command will complete (to say "N of M done"). An
         interrupt prints ``interrupted: N of M done; resume with: <command>`` and exits 130
-        (SIGINT) or 143 (SIGTERM); a full disk exits 1 with one line.
+        (SIGINT) or 143 (SIGTERM); a full disk exits 1 with one ``routerbench: error:`` line.
         """
         from ..rundir import DiskFullError
         try:
             with interruptible():
                 yield
         except Interrupted as exc:
-            self._stop(f"interrupted ({signal.Signals(exc.signum).name})", keys, 128 + exc.signum)
+            self._stop("interrupted", keys, 128 + exc.signum)
         except DiskFullError as exc:
-            self._stop(f"error: {exc.strerror}", keys, 1)
+            self._stop(f"routerbench: error: {exc.strerror}", keys, 1)
         finally:
             self.writer.close()
 
@@ -187,7 +213,8 @@ class Run:
             counts = f"{done} of {len(k)} done"
         except Exception:  # noqa: BLE001 - the message must come out whatever
             counts = "progress unknown"
-        click.echo(f"{what}: {counts}; resume with: {self.resume_command()}", err=True)
+        # on a fresh line: a progress bar may hold the current one
+        click.echo(f"\n{what}: {counts}; resume with: {self.resume_command()}", err=True)
         sys.exit(code)
 
 
@@ -199,12 +226,8 @@ def resume_command(command: str, run_dir: Path, out: str | None = None) -> str:
             f"--out {shlex.quote(str(out))} --run-id {shlex.quote(run_dir.name)}")
 
 
-def _readable(path: Path, command: str) -> bool:
-    try:
-        read_toml(str(path), command)
-        return True
-    except ConfigError:
-        return False
+def _show(value: Any) -> str:
+    return "(not set)" if value is None else json.dumps(value)
 
 
 def _comparable(text: str) -> dict[str, Any]:

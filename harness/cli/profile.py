@@ -13,7 +13,10 @@ from .common import Run, load_spec, spec_options
 @click.command("profile")
 @spec_options(ProfileSpec)
 def profile_cmd(config, **cli) -> None:
-    """torch.profiler traces of one case and the router's share of its step time."""
+    """torch.profiler traces of one case and the router's share of its step time.
+
+    Writes results/<device>/profile-<run-id>/ (the prefix is added to --run-id). The shape defaults
+    to this device's grid base (CPU: d=64, 4 layers, T=64, B=8)."""
     import torch
 
     from ..profile import profile_case
@@ -23,9 +26,14 @@ def profile_cmd(config, **cli) -> None:
     if cli.get("memory_snapshot") and not p.memory_snapshot:
         click.echo("--memory-snapshot: CUDA only, skipped on this CPU run")
     run = Run("profile", spec, prefix="profile-")
+    if case.key in run.writer.completed:
+        run.writer.close()
+        click.echo(f"{run.dir}: this profile is complete; nothing left to do (routerbench report {run.dir})")
+        return
+    _set_aside_partial_outputs(run)
     run.manifest({"case": case.key, "methods": list(p.methods),
                   "schedule": {"wait": p.wait, "warmup": p.warmup, "active": p.active}})
-    click.echo(f"writing {run.dir}")
+    run.announce()
     with run.guarded(lambda: [case.key]):
         with run.writer.unit([case.key], kind="profile") as u:
             try:
@@ -46,5 +54,21 @@ def profile_cmd(config, **cli) -> None:
     if res["memory_snapshot"]:
         click.echo(f"memory snapshot: {res['memory_snapshot']}  (pytorch.org/memory_viz)")
 
+
+def _set_aside_partial_outputs(run: Run) -> None:
+    """Files an attempt that was cut short left beside the records (its trace, its share table)
+    go to ``aborted/<session>-outputs/`` with its rows, so the directory holds one profile."""
+    import os
+    partial = [run.dir / n for n in PROFILE_OUTPUTS if (run.dir / n).exists()]
+    if not partial:
+        return
+    dest = run.dir / "aborted" / f"{run.writer.session}-outputs"
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in partial:
+        os.replace(p, dest / p.name)
+
+
+#: What ``harness.profile.profile_case`` writes beside the records.
+PROFILE_OUTPUTS = ("trace", "router_share.csv", "router_share.png", "memory_snapshot.pickle")
 
 COMMANDS = (profile_cmd,)

@@ -8,28 +8,53 @@ import click
 
 from routers.errors import ConfigError
 
+from ..records import RECORDS_FILE
 
-def _run_dirs(results) -> list[Path]:
-    dirs = [Path(r) for r in results]
-    for d in dirs:
+
+def run_dirs(results) -> list[Path]:
+    """The run directories named by RESULTS: each one itself, or every run directory below it.
+
+    Raises:
+        ConfigError: a path that does not exist or holds no run directory.
+    """
+    out: list[Path] = []
+    for r in results:
+        d = Path(r)
         if not d.is_dir():
-            raise ConfigError(f"RESULTS: {d} is not a directory (give run directories or their parents)")
-    return dirs
+            raise ConfigError(f"RESULTS: {d} is not a directory; give run directories "
+                              "(results/<device>/<run-id>) or folders that hold them")
+        found = [d] if (d / RECORDS_FILE).is_file() else sorted(p.parent for p in d.rglob(RECORDS_FILE))
+        if not found:
+            raise ConfigError(f"RESULTS: no {RECORDS_FILE} in or below {d}: no unit of that run was "
+                              "finished yet (routerbench status RUN_DIR)")
+        out += [p for p in found if p not in out]
+    return out
 
 
-def write_report(run_dirs, out=None) -> None:
-    """Build the report of ``run_dirs`` and say where it is."""
+def write_report(dirs, out=None) -> None:
+    """Build the report of ``dirs`` and say where it is.
+
+    Raises:
+        ConfigError: several runs and no ``--out``, or an ``--out`` that cannot be written.
+    """
     from reports import build_report
-    paths = build_report(run_dirs, out)
+    if out is None and len(dirs) > 1:
+        raise ConfigError(f"{len(dirs)} runs given ({', '.join(str(d) for d in dirs[:3])}"
+                          f"{', …' if len(dirs) > 3 else ''}): give --out DIR for their joint report")
+    try:
+        paths = build_report(dirs, out)
+    except OSError as exc:
+        raise ConfigError(f"--out {out or dirs[0]}: cannot write the report there "
+                          f"({exc.strerror or exc}); give --out a writable directory") from None
     click.echo("report: " + ", ".join(str(paths[k]) for k in ("report.html", "report.md") if k in paths))
 
 
 @click.command("report")
 @click.argument("results", nargs=-1, required=True)
-@click.option("--out", default=None, help="Output dir (default: the run dir when one is given).")
+@click.option("--out", default=None, metavar="DIR", help="Output dir (default: the run dir when there is one).")
 def report_cmd(results, out) -> None:
-    """Tables, seaborn figures, report.html and report.md from one or more run dirs."""
-    write_report(_run_dirs(results), out)
+    """Tables, seaborn figures, report.html and report.md from run dirs (or folders holding them)."""
+    write_report(run_dirs(results), out)
 
 
 @click.command("summary")
@@ -37,7 +62,7 @@ def report_cmd(results, out) -> None:
 def summary_cmd(results) -> None:
     """Print step time per case: vs prenorm, vs eager, and compile/capture time apart."""
     from reports.tables import backend_table, load_frame
-    t = backend_table(load_frame(_run_dirs(results)))
+    t = backend_table(load_frame(run_dirs(results)))
     if t.empty:
         click.echo("no ok step_time rows")
         return

@@ -15,7 +15,10 @@ from .train import corpus_info, load_corpus, plan, train_runs
 @click.command("run")
 @spec_options(RunSpec)
 def run_cmd(config, **cli) -> None:
-    """Cost sweep (+ a one-seed smoke race + report). With no options: this device's default suite."""
+    """Cost sweep (+ a one-seed smoke race + report). With no options: this device's default suite.
+
+    Shapes: the device grid (CPU: d=64,128 x 4,8 layers), or with --preset that preset's one shape;
+    --widths and --depths override either."""
     from workloads.config import preset
 
     from ..sweep import run_sweep
@@ -33,11 +36,7 @@ def run_cmd(config, **cli) -> None:
     run = Run("run", spec)
     run.manifest({"cases": len(cases), "timing": timing_manifest(opts),
                   **({"corpus": corpus_info(corpus)} if corpus else {})})
-    rec = run.writer.recovered
-    if rec["pending_units"] or rec["torn_tail_bytes"]:
-        click.echo(f"recovered: {rec['pending_units']} unfinished unit(s) of an earlier process moved to "
-                   f"{run.dir / 'aborted'}")
-    click.echo(f"{'resuming' if run.writer.resumed else 'writing'} {run.dir}  ({len(cases)} cost cases)")
+    run.announce(f"  ({len(cases)} cost cases)")
     with run.guarded(lambda: [c.key for c in cases] + [k for *_, k in runs]):
         stats = run_sweep(cases, run.device, run.writer, opts, progress=not spec.output.quiet)
         click.echo(f"cost sweep: {stats}")

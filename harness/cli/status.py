@@ -10,7 +10,7 @@ import click
 from routers.errors import ConfigError
 
 from ..records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
-                       completed_cases, load_rows, lock_holder, read_jsonl)
+                       completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl)
 from ..spec import ProfileSpec, RunSpec, TrainSpec, load
 from ..spec.base import tomllib
 from .common import resume_command
@@ -66,7 +66,10 @@ def status_cmd(run_dir) -> None:
     click.echo("statuses:  " + (", ".join(f"{s} {n}" for s, n in sorted(statuses.items())) or "none yet"))
     ab = aborted_summary(d)
     click.echo(f"aborted:   {ab['units']} unit(s), {ab['rows']} row(s) in {d / ABORTED_DIR}")
-    for r in read_jsonl(d / ABORTED_DIR / "index.jsonl")[-5:]:
+    index = read_jsonl(d / ABORTED_DIR / "index.jsonl")
+    if len(index) > 5:
+        click.echo(f"           … {len(index) - 5} earlier unit(s), then:")
+    for r in index[-5:]:
         click.echo(f"           {r.get('file')}: {r.get('rows')} rows, {r.get('reason')}")
     holder = lock_holder(d)
     click.echo("running:   " + (f"yes, pid {holder.get('pid')} on {holder.get('host')} since "
@@ -76,12 +79,20 @@ def status_cmd(run_dir) -> None:
         rows = sum(len(read_jsonl(p)) for p in pending)
         click.echo(f"pending:   {len(pending)} unfinished unit(s), {rows} row(s), left by a process that "
                    f"died; moved to {ABORTED_DIR}/ when the run resumes")
+    records = d / RECORDS_FILE
+    if records.exists() and not holder:
+        torn = records.stat().st_size - end_of_last_unit(records)
+        if torn > 0:
+            click.echo(f"torn tail: {torn} bytes after the last end marker of {RECORDS_FILE} (a commit cut "
+                       f"short), never read as results; moved to {ABORTED_DIR}/ when the run resumes")
     failures = [r for r in load_rows([d]) if r.get("status") in ("oom", "error")]
     if failures:
         click.echo(f"failures:  {len(failures)} row(s)")
         for r in failures[:20]:
             click.echo(f"  {r['status']:5s} {r.get('metric')}  {r.get('case_key')}\n        {r.get('error')}")
-    if command in SPECS and (total is None or n_done < total):
+    if holder:
+        click.echo("resume:    not now: the run is in progress; look again when it ends")
+    elif command in SPECS and (total is None or n_done < total):
         click.echo(f"resume:    {resume_command(command, d)}")
     elif command in SPECS:
         click.echo("resume:    nothing left to do")

@@ -49,7 +49,9 @@ def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train") ->
 @click.command("train")
 @spec_options(TrainSpec)
 def train_cmd(config, **cli) -> None:
-    """Time to a target validation loss, per router and seed."""
+    """Time to a target validation loss, per router and seed.
+
+    Defaults: --preset cpu-train, --routers prenorm,haares, one seed, the embedded corpus."""
     from ..train import TrainConfig
 
     spec, labels = load_spec(TrainSpec, cli, config)
@@ -61,7 +63,7 @@ def train_cmd(config, **cli) -> None:
     runs = plan(opts, tc, range(tr.seeds), corpus)
     run = Run("train", spec)
     run.manifest({"corpus": corpus_info(corpus), "runs": len(runs)})
-    click.echo(f"{'resuming' if run.writer.resumed else 'writing'} {run.dir}")
+    run.announce()
     with run.guarded(lambda: [k for *_, k in runs]):
         train_runs(runs, corpus, tc, run, spec.output.quiet)
         if spec.output.report:

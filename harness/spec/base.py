@@ -47,6 +47,8 @@ class Opt:
         min: smallest allowed number (of each element for a list).
         min_open: the bound ``min`` itself is not allowed.
         cli: whether the option is offered on the command line (always in TOML).
+        metavar: how ``--help`` shows the value (default: by kind, ``N,N`` for ``ints``).
+        empty_ok: a list option may be empty (``[]`` in TOML, ``''`` on the command line).
     """
 
     kind: str
@@ -55,6 +57,8 @@ class Opt:
     min: float | None = None
     min_open: bool = False
     cli: bool = True
+    metavar: str | None = None
+    empty_ok: bool = False
 
     def allowed(self) -> tuple | None:
         c = self.choices() if callable(self.choices) else self.choices
@@ -138,12 +142,14 @@ def coerce(value: Any, o: Opt, label: str, from_cli: bool) -> Any:
         return value
     if k in ("ints", "strs"):
         if from_cli:
-            items = [v.strip() for v in str(value).split(",") if v.strip()]
-            if not items:
+            items = [v.strip() for v in str(value).split(",")] if str(value).strip() else []
+            if "" in items:
+                raise ConfigError(f"{label} takes comma-separated values without empty ones, got {value!r}")
+            if not items and not o.empty_ok:
                 raise ConfigError(f"{label} needs at least one value, got {value!r}")
         elif isinstance(value, list):
             items = value
-            if not items:
+            if not items and not o.empty_ok:
                 raise ConfigError(f"{label} needs at least one value, got []")
         else:
             raise ConfigError(f"{label} must be a list of {'integers' if k == 'ints' else 'strings'}, "
@@ -194,7 +200,11 @@ def read_toml(path: str, command: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not valid TOML (not UTF-8 text)") from None
     cmd = data.pop("command", command)
+    if not isinstance(cmd, str):
+        raise ConfigError(f"--config {path}: command must be a string naming the command, got {_describe(cmd)}")
     if cmd != command:
         raise ConfigError(f"--config {path}: command = {cmd!r}, but this is `routerbench {command}`; "
                           f"use `routerbench {cmd} --config {path}`")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -18,13 +19,14 @@ from .base import Labels, option
 class Shape:
     """The decoder shape options shared by every command (``[shape]``)."""
 
-    preset: str | None = option("str", "Base shape (`routerbench list`); default: this device's grid "
-                                "base (run, profile) or cpu-train (train).", choices=lambda: tuple(PRESETS))
+    preset: str | None = option("str", "Base shape (`routerbench list`): its sizes are the defaults of "
+                                "the shape options (default: see the command's help).",
+                                choices=lambda: tuple(PRESETS), metavar="NAME")
     n_heads: int | None = option("int", "Attention heads (default: the base shape's).", min=1)
     seq_len: int | None = option("int", "Tokens per sequence (default: the base shape's).", min=1)
     batch_size: int | None = option("int", "Sequences per step (default: the base shape's).", min=1)
     dtype: str | None = option("str", "float32, bfloat16, float16 or float64 (default: the base "
-                               "shape's).", choices=tuple(DTYPES))
+                               "shape's).", choices=tuple(DTYPES), metavar="DTYPE")
     workload: str | None = option("str", "decoder (default), or router_only (every sublayer is its "
                                   "input RMSNorm: routing cost alone).", choices=WORKLOADS)
     grad_checkpoint: bool | None = option("bool", "Recompute sublayers in backward (saves "
@@ -63,9 +65,10 @@ class Output:
     """Where results go and how the command talks (``[output]``; ``out`` and ``run_id`` are never
     written to ``spec.toml``, so a spec repeats a run into a new directory)."""
 
-    device: str | None = option("str", "cpu or cuda[:N] (default: cuda if visible).")
-    out: str | None = option("str", "Results root (default: results).")
-    run_id: str | None = option("str", "Run id; an existing one is resumed (default: the UTC time).")
+    device: str | None = option("str", "cpu or cuda[:N] (default: cuda if visible).", metavar="DEV")
+    out: str | None = option("str", "Results root (default: results).", metavar="DIR")
+    run_id: str | None = option("str", "Run id, one name of letters, digits, '.', '_', '-'; an existing "
+                                "run is resumed (default: UTC time and pid).", metavar="ID")
     report: bool | None = option("bool", "Write the report at the end (default: on).")
     quiet: bool | None = option("bool", "No progress bars (default: off).")
 
@@ -75,6 +78,25 @@ NOT_IN_FILE = ("output.out", "output.run_id")
 
 #: The shape options every command shares, as :class:`DecoderConfig` fields.
 SHARED_SHAPE = ("n_heads", "seq_len", "batch_size", "dtype", "workload", "grad_checkpoint")
+
+
+RUN_ID_CHARS = "A-Z a-z 0-9 . _ -"
+
+
+def check_output(out: "Output", L: Labels) -> None:
+    """``--run-id`` is one path component of letters, digits, ``.``, ``_`` and ``-``, and
+    ``--out`` is not empty.
+
+    Raises:
+        ConfigError: naming the option.
+    """
+    import re
+    rid = out.run_id
+    if rid is not None and (not re.fullmatch(r"[A-Za-z0-9._-]+", rid) or rid.startswith(".")):
+        raise ConfigError(f"{L('output.run_id')} {rid!r}: a run id is one name of {RUN_ID_CHARS} "
+                          "(no '/', not starting with '.'); e.g. --run-id baseline-1")
+    if out.out is not None and not out.out.strip():
+        raise ConfigError(f"{L('output.out')} must name a directory, got {out.out!r}")
 
 
 def resolve_device(name: str | None, label: str = "--device") -> torch.device:
@@ -104,17 +126,34 @@ def default_grid(device: torch.device) -> dict:
     return GRIDS["cuda-default" if device.type == "cuda" else "cpu-default"]
 
 
-def base_shape(shape: Shape, device: torch.device, default_preset: str | None = None) -> DecoderConfig:
-    """The base config: ``--preset``, else ``default_preset``, else the device grid's base, with
-    the shared shape options applied (validated later, per width and depth)."""
+def preset_base(shape: Shape, device: torch.device, default_preset: str | None = None) -> DecoderConfig:
+    """The preset the shape starts from: ``--preset``, else ``default_preset``, else the device
+    grid's base, before any option is applied."""
     name = shape.preset or default_preset
-    base = preset(name) if name else default_grid(device)["base"]
-    return base.replace(**{k: getattr(shape, k) for k in SHARED_SHAPE if getattr(shape, k) is not None})
+    return preset(name) if name else default_grid(device)["base"]
+
+
+def base_shape(shape: Shape, device: torch.device, default_preset: str | None = None,
+               **fields: Any) -> DecoderConfig:
+    """:func:`preset_base` with the shared shape options and ``fields`` (``d_model``,
+    ``n_layers``) applied at once, so it is validated with the width it will run at.
+
+    Raises:
+        ConfigError: an invalid shape (call :func:`check_heads` first for a message that names
+            the command's options).
+    """
+    return preset_base(shape, device, default_preset).replace(
+        **{k: getattr(shape, k) for k in SHARED_SHAPE if getattr(shape, k) is not None}, **fields)
 
 
 def resolved_shape(shape: Shape, base: DecoderConfig, **fields: Any) -> Shape:
     """``shape`` with every shared option set to the base config's effective value, plus ``fields``."""
     return replace(shape, **{k: getattr(base, k) for k in SHARED_SHAPE}, **fields)
+
+
+def absolute(path: str | None) -> str | None:
+    """A path as written to ``spec.toml``: absolute, so the spec repeats the run from anywhere."""
+    return None if path is None else str(Path(path).expanduser().resolve())
 
 
 def check_heads(widths: Iterable[int], heads: int, L: Labels, width_path: str) -> None:

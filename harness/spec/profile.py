@@ -12,7 +12,7 @@ from ..backends import BACKENDS, unavailable_reason
 from ..modes import MODES
 from ..profile import METHODS
 from .base import Labels, given, option
-from .parts import (NOT_IN_FILE, Output, Single, base_shape, check_heads, resolve_device,
+from .parts import (NOT_IN_FILE, Output, Single, base_shape, preset_base, check_heads, check_output, resolve_device,
                     resolved_shape)
 
 
@@ -66,6 +66,7 @@ class ProfileSpec:
         s, p, out = self.shape, self.profile, self.output
         if p.router is None:
             raise ConfigError(f"{L('profile.router')} is required: one of {', '.join(sorted(ROUTERS))}")
+        check_output(out, L)
         dev = resolve_device(out.device, L("output.device"))
         opts = dict(p.router_options or {})
         named = opts.pop("impl", None)
@@ -90,9 +91,14 @@ class ProfileSpec:
             raise ConfigError(str(exc).replace("--methods", L("profile.methods"), 1)) from None
         if given(p, "max_entries") and not p.memory_snapshot:
             raise ConfigError(f"{L('profile.max_entries')} has no effect without --memory-snapshot")
-        base = base_shape(s, dev)
-        d_model, n_layers = s.d_model or base.d_model, s.n_layers or base.n_layers
-        check_heads([d_model], base.n_heads, L, "shape.d_model")
+        snapshot = bool(p.memory_snapshot) and dev.type == "cuda"  # CUDA only; said on the console
+        if s.grad_checkpoint and (p.mode or "fwd_bwd") in ("fwd", "decode"):
+            raise ConfigError(f"{L('shape.grad_checkpoint')} has no effect in --mode {p.mode}: it changes "
+                              "the backward pass only")
+        pb = preset_base(s, dev)
+        d_model, n_layers = s.d_model or pb.d_model, s.n_layers or pb.n_layers
+        check_heads([d_model], s.n_heads or pb.n_heads, L, "shape.d_model")
+        base = base_shape(s, dev, d_model=d_model, n_layers=n_layers)
         opts_full = {**opts, "impl": impl} if "impl" in router_options(p.router) else opts
         check_router_options(p.router, opts_full, d_model, n_layers, L("profile.router_options"))
         return replace(
@@ -102,8 +108,7 @@ class ProfileSpec:
                             mode=p.mode or "fwd_bwd", methods=tuple(methods),
                             wait=1 if p.wait is None else p.wait, warmup=2 if p.warmup is None else p.warmup,
                             active=p.active or 3, pairs=p.pairs or 10,
-                            memory_snapshot=bool(p.memory_snapshot) and dev.type == "cuda",
-                            max_entries=(p.max_entries or 100_000) if p.memory_snapshot else None),
+                            memory_snapshot=snapshot, max_entries=(p.max_entries or 100_000) if snapshot else None),
             output=replace(out, device=str(dev), quiet=bool(out.quiet)),
         )
 
@@ -112,6 +117,6 @@ class ProfileSpec:
         import torch
         from ..cases import Case
         s, p = self.shape, self.profile
-        cfg = base_shape(s, torch.device(self.output.device)).replace(d_model=s.d_model, n_layers=s.n_layers)
+        cfg = base_shape(s, torch.device(self.output.device), d_model=s.d_model, n_layers=s.n_layers)
         return Case(p.router, cfg, p.mode, p.backend, p.compile_mode,
                     tuple(sorted((p.router_options or {}).items())), p.impl)

@@ -15,8 +15,8 @@ from ..modes import MODES
 from ..paired import ORDERS
 from ..timing import TimingPolicy
 from .base import Labels, given, option
-from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, base_shape, check_heads, check_router_set,
-                    default_grid, impl_names, resolve_device, resolved_shape)
+from .parts import (NOT_IN_FILE, absolute, Grid, Output, RouterSet, base_shape, preset_base, check_heads, check_router_set,
+                    check_output, default_grid, impl_names, resolve_device, resolved_shape)
 
 #: The default smoke race: char-level, small enough for a 2-core CPU (README).
 RACE_ROUTERS = ("prenorm", "haares")
@@ -36,8 +36,8 @@ class Sweep:
                                                    "default).", choices=tuple(m for m in BACKENDS["compile"] if m))
     modes: tuple[str, ...] | None = option("strs", "Modes (default: fwd,fwd_bwd).", choices=MODES)
     smallest_backends: tuple[str, ...] | None = option(
-        "strs", "Backends run only at the smallest width and depth (default: compile when --backends "
-        "is not given, else none).", choices=tuple(BACKENDS))
+        "strs", "Backends run only at the smallest width and depth; '' for none (default: compile when "
+        "--backends is not given, else none).", choices=tuple(BACKENDS), empty_ok=True)
     smallest_modes: tuple[str, ...] | None = option(
         "strs", "Modes of --smallest-backends (default: fwd_bwd on CPU, where a first compile takes "
         "tens of seconds; --modes on CUDA).", choices=MODES)
@@ -53,7 +53,8 @@ class Timing:
     """How step times are taken (``[timing]``)."""
 
     repeats: int | None = option("int", "Timed steps kept per case (default: 10).", min=1)
-    warmup_s: float | None = option("float", "Minimum warm-up seconds per case (default: 0.5).", min=0)
+    warmup_s: float | None = option("float", "Minimum warm-up seconds per case, within 3 to 200 warm-up "
+                                    "steps (default: 0.5).", min=0)
     paired: bool | None = option("bool", "Time the routers of each backend, mode and shape interleaved "
                                  "with prenorm, for per-pair ratios with CIs (default: on).")
     pair_order: str | None = option("str", "Round order of --paired: ABBA (default) reverses the order "
@@ -65,7 +66,8 @@ class Race:
     """The one-seed smoke race after the sweep (``[race]``; ``routerbench train`` for real studies)."""
 
     train: bool | None = option("bool", "Run the one-seed smoke race (default: on).")
-    data: str | None = option("str", "Corpus dir of the race (default: the embedded stdlib corpus).")
+    data: str | None = option("str", "Corpus dir of the race (default: the embedded stdlib corpus).",
+                              metavar="DIR")
     train_steps: int | None = option("int", "Race step budget (default: 300).", min=1)
     target_loss: float | None = option("float", "Race target in nats (default: 1.9).", min=0, min_open=True)
 
@@ -92,6 +94,7 @@ class RunSpec:
                 does not split into heads, an invalid router option for some depth.
         """
         s, sw, t, race, out = self.shape, self.sweep, self.timing, self.race, self.output
+        check_output(out, L)
         dev = resolve_device(out.device, L("output.device"))
         grid = default_grid(dev)
         routers = self.routers.routers or tuple(sorted(ROUTERS))
@@ -99,11 +102,18 @@ class RunSpec:
         smallest = sw.smallest_backends if given(sw, "smallest_backends") else (
             () if given(sw, "backends") else ("compile",))
         modes = sw.modes or ("fwd", "fwd_bwd")
+        both = sorted(set(backends) & set(smallest))
+        if both:
+            raise ConfigError(f"{L('sweep.smallest_backends')} {','.join(both)} already runs on the whole grid "
+                              f"({L('sweep.backends')}), smallest shape included; drop it from one of them")
         if given(sw, "smallest_modes") and not smallest:
             raise ConfigError(f"{L('sweep.smallest_modes')} has no effect without "
                               f"{L('sweep.smallest_backends')}; drop it or name backends there")
         smallest_modes = sw.smallest_modes or (modes if dev.type == "cuda" else (
             tuple(m for m in modes if m == "fwd_bwd") or modes)) if smallest else None
+        if s.grad_checkpoint and not set(modes + tuple(smallest_modes or ())) & {"fwd_bwd", "train_step"}:
+            raise ConfigError(f"{L('shape.grad_checkpoint')} has no effect without a backward pass: add "
+                              f"fwd_bwd or train_step to {L('sweep.modes')}")
         uses_compile = "compile" in backends + tuple(smallest)
         if given(sw, "compile_modes") and not uses_compile:
             raise ConfigError(f"{L('sweep.compile_modes')} has no effect: neither {L('sweep.backends')} nor "
@@ -117,9 +127,12 @@ class RunSpec:
         for name in ("data", "train_steps", "target_loss"):
             if not train and given(race, name):
                 raise ConfigError(f"{L('race.' + name)} has no effect with --no-train; drop one of them")
-        base = base_shape(s, dev)
-        widths, depths = s.widths or grid["d_model"], s.depths or grid["n_layers"]
-        check_heads(widths, base.n_heads, L, "shape.widths")
+        pb = preset_base(s, dev)
+        # a named preset is its own shape; without one, the device's width × depth grid
+        widths = s.widths or ((pb.d_model,) if s.preset else grid["d_model"])
+        depths = s.depths or ((pb.n_layers,) if s.preset else grid["n_layers"])
+        check_heads(widths, s.n_heads or pb.n_heads, L, "shape.widths")
+        base = base_shape(s, dev, d_model=min(widths), n_layers=min(depths))
         impls = sw.impls or ("naive", "two_phase")
         check_router_set(self.routers, routers, depths, min(widths), L,
                          impls if given(sw, "impls") else None)
@@ -139,7 +152,7 @@ class RunSpec:
                           case_timeout=(sw.case_timeout or 900.0) if isolate else None),
             timing=replace(t, repeats=t.repeats or 10, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
                            paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None),
-            race=replace(race, train=train, train_steps=(race.train_steps or 300) if train else None,
+            race=replace(race, train=train, data=absolute(race.data) if train else None, train_steps=(race.train_steps or 300) if train else None,
                          target_loss=(race.target_loss or 1.9) if train else None),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
         )
@@ -150,7 +163,7 @@ class RunSpec:
         import torch
         s, sw = self.shape, self.sweep
         dev = torch.device(self.output.device)
-        base = base_shape(s, dev)
+        base = base_shape(s, dev, d_model=min(s.widths), n_layers=min(s.depths))
         common = dict(options=self.routers.router_options or {}, impls=list(sw.impls),
                       compile_modes=list(sw.compile_modes or ()))
         cases = expand(self.routers.routers, base, s.widths, s.depths, modes=list(sw.modes),

@@ -8,10 +8,11 @@ from typing import ClassVar
 from routers.errors import ConfigError
 
 from .base import Labels, option
-from .parts import (NOT_IN_FILE, Output, RouterSet, Single, base_shape, check_heads, check_router_set,
-                    resolve_device, resolved_shape)
+from .parts import (NOT_IN_FILE, absolute, Output, RouterSet, Single, base_shape, preset_base, check_heads, check_router_set,
+                    check_output, resolve_device, resolved_shape)
 
 DEFAULT_ROUTERS = ("prenorm", "haares")
+
 DEFAULT_PRESET = "cpu-train"
 
 
@@ -20,7 +21,7 @@ class Training:
     """The training protocol (``[training]``; ``harness/train.py``)."""
 
     data: str | None = option("str", "Corpus dir (`routerbench data prepare`); default: the embedded "
-                              "stdlib corpus.")
+                              "stdlib corpus.", metavar="DIR")
     target_loss: float | None = option("float", "Validation loss in nats that stops the clock (required).",
                                        min=0, min_open=True)
     seeds: int | None = option("int", "Number of seeds, 0..N-1 (default: 1).", min=1)
@@ -56,10 +57,12 @@ class TrainSpec:
                               "or target_loss = 1.6 under [training] in the --config file")
         if s.workload not in (None, "decoder"):
             raise ConfigError(f"{L('shape.workload')} {s.workload}: training needs the decoder workload")
+        check_output(out, L)
         dev = resolve_device(out.device, L("output.device"))
-        base = base_shape(s, dev, DEFAULT_PRESET)
-        d_model, n_layers = s.d_model or base.d_model, s.n_layers or base.n_layers
-        check_heads([d_model], base.n_heads, L, "shape.d_model")
+        pb = preset_base(s, dev, DEFAULT_PRESET)
+        d_model, n_layers = s.d_model or pb.d_model, s.n_layers or pb.n_layers
+        check_heads([d_model], s.n_heads or pb.n_heads, L, "shape.d_model")
+        base = base_shape(s, dev, DEFAULT_PRESET, d_model=d_model, n_layers=n_layers)
         routers = self.routers.routers or DEFAULT_ROUTERS
         check_router_set(self.routers, routers, [n_layers], d_model, L)
         from workloads.data import CharCorpus
@@ -72,7 +75,7 @@ class TrainSpec:
             self,
             shape=resolved_shape(s, base, preset=s.preset or DEFAULT_PRESET, d_model=d_model, n_layers=n_layers),
             routers=replace(self.routers, routers=routers, router_options=self.routers.router_options or None),
-            training=replace(tr, seeds=tr.seeds or 1, max_steps=tr.max_steps or 300,
+            training=replace(tr, data=absolute(tr.data), seeds=tr.seeds or 1, max_steps=tr.max_steps or 300,
                              eval_every=tr.eval_every or 20, lr=tr.lr or 3e-3,
                              stop_at_target=bool(tr.stop_at_target)),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
@@ -82,5 +85,5 @@ class TrainSpec:
         """The decoder shape of a resolved spec (``vocab_size`` is set from the corpus later)."""
         import torch
         s = self.shape
-        return base_shape(s, torch.device(self.output.device), DEFAULT_PRESET).replace(
-            d_model=s.d_model, n_layers=s.n_layers)
+        return base_shape(s, torch.device(self.output.device), DEFAULT_PRESET, d_model=s.d_model,
+                          n_layers=s.n_layers)
