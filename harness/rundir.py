@@ -88,7 +88,7 @@ class StagingWriter:
 
     Args:
         path: the pending file.
-        base: column values of every row (``run_id``, ``session``, ``unit``, ``device``).
+        base: column values of every row (``run_id``, ``session``, ``resume_unit``, ``device``).
         run_dir: the run directory (profiles write traces beside the records).
     """
 
@@ -108,6 +108,14 @@ class StagingWriter:
         _fsync_append(Path(self.path), (json.dumps(full, default=json_default) + "\n").encode())
         self.rows += 1
         return full
+
+
+def _is_row(line: str) -> bool:
+    """A complete JSON row (a fragment torn by a dying writer is not one)."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 class Unit(StagingWriter):
@@ -138,17 +146,20 @@ class Unit(StagingWriter):
             self.abandon(f"{exc_type.__name__}: {exc}".strip().rstrip(":"))
 
     def commit(self, statuses: dict[str, str] | None = None) -> None:
-        with _signals_held():
-            self._commit(statuses)
-
-    def _commit(self, statuses: dict[str, str] | None) -> None:
         """Append the staged rows and the end marker to ``records.jsonl`` in one fsync-ed write.
+
+        Args:
+            statuses: case key -> final status (``ok``, ``oom``, ``error``, …), kept in the marker.
 
         Raises:
             DiskFullError: no space left; the records are as before and the unit is abandoned
                 (its rows moved to ``aborted/`` by a rename, which needs no space).
         """
-        rows = [ln for ln in self.path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        with _signals_held():
+            self._commit(statuses)
+
+    def _commit(self, statuses: dict[str, str] | None) -> None:
+        rows = [ln for ln in self.path.read_text(encoding="utf-8").splitlines() if _is_row(ln)]
         marker = {END: self.name, "schema": SCHEMA_VERSION, "kind": self.kind, "rows": len(rows),
                   "cases": self.cases, "statuses": statuses or {}, "session": self.owner.session,
                   "committed": _now()}

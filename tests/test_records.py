@@ -169,3 +169,18 @@ def test_fault_hook_parsing():
     assert faults.parse("oom:haares|*; crash:rezero|*") == [("oom", "haares|*"), ("crash", "rezero|*")]
     with pytest.raises(ValueError, match="KIND:GLOB"):
         faults.parse("explode:x")
+
+
+def test_a_torn_staged_row_is_not_committed(tmp_path):
+    """A fragment in a pending file (a child killed while writing a row) never reaches the records."""
+    with RunWriter(tmp_path, "r", "s1") as w:
+        with w.unit(["a"]) as u:
+            rows_of(u, "a", 2)
+            with open(u.path, "a") as fh:
+                fh.write('{"case_key": "a", "met')
+    assert [m["rows"] for m in iter_units_of(tmp_path)] == [2]
+    assert len(load_rows([tmp_path])) == 2
+
+
+def iter_units_of(d):
+    return [m for m, _ in iter_units(d / RECORDS_FILE)]
