@@ -213,7 +213,7 @@ def _run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunW
                 out.update(st)
                 continue
             u1.abandon(f"{fail} (under --isolate, alone)")
-            fail = f"{fail} under --isolate, in its group and alone"
+            fail = f"{fail} under --isolate, run alone (its group: {failure})"
         else:
             fail = f"{failure} under --isolate"
         with run.unit([case.key], kind="case") as ue:

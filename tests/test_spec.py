@@ -96,6 +96,9 @@ CLI_CASES = [
     (["run", "--run-id", "../escape"], "--run-id '../escape': a run id is one name"),
     (["run", "--run-id", "sub/dir"], "--run-id 'sub/dir'"),
     (["run", "--run-id", ""], "--run-id '': a run id is one name"),
+    (["run", "--run-id", "a" * 300], "at most 120"),
+    (["train", "--target-loss", "2", "--seq-len", "100000000000000000000"], "--seq-len must be <= 1.67772e+07"),
+    (["run", "--widths", "1000000"], "--widths must be <= 65536"),
     (["run", "--config", "@binary"], "not valid TOML (not UTF-8 text)"),
     (["train", "--target-loss", "2", "--data", "@badtok"], "holds token id"),
     (["run", "--bogus-flag"], "No such option '--bogus-flag'"),
@@ -254,6 +257,10 @@ def test_a_run_dir_is_resumed_only_by_its_own_command_and_readable_spec(tmp_path
     (d / "spec.toml").write_text('command = "train"\n[training]\ntarget_loss = 2.0\n')
     res = CliRunner().invoke(main, ["run", "--run-id", "r1", "--no-train"] + base)
     _one_line_error(res, "holds a `routerbench train` run; choose another --run-id")
+    (d / "spec.toml").unlink()
+    (d / "records.jsonl").write_text("")
+    _one_line_error(CliRunner().invoke(main, ["train", "--target-loss", "2", "--run-id", "r1"] + base),
+                    "holds records but no spec.toml")
     (d / "spec.toml").write_text('command = "run"\n[shape\n')
     _one_line_error(CliRunner().invoke(main, ["run", "--run-id", "r1", "--no-train"] + base),
                     "spec.toml is unreadable")
@@ -315,3 +322,12 @@ def test_report_errors_are_one_line(tmp_path):
                     "--out /proc/version/x: cannot write the report there")
     res = CliRunner().invoke(main, ["report", str(tmp_path / "dev"), "--out", str(tmp_path / "joint")])
     assert res.exit_code == 0 and (tmp_path / "joint" / "report.md").exists(), res.output
+
+
+def test_a_relative_corpus_path_in_a_config_file_is_relative_to_that_file(tmp_path, monkeypatch):
+    from workloads.data import prepare_corpus_from_text
+    prepare_corpus_from_text("a small corpus of real words, repeated. " * 200, tmp_path / "cfg" / "corpus")
+    (tmp_path / "cfg" / "train.toml").write_text('[training]\ntarget_loss = 2.0\ndata = "corpus"\n')
+    monkeypatch.chdir("/")
+    spec, labels = load(TrainSpec, {}, str(tmp_path / "cfg" / "train.toml"))
+    assert spec.resolve(labels).training.data == str(tmp_path / "cfg" / "corpus")

@@ -150,7 +150,8 @@ def prepare_corpus(text: str | Path, out_dir: str | Path, val_fraction: float = 
     path = Path(text)
     val_fraction = _check_val_fraction(val_fraction)
     if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "no such file"
+        what = ("is a directory, not a file" if path.is_dir() else
+                "is not a regular file" if path.exists() else "no such file")
         raise FileNotFoundError(f"--text FILE: {what} '{path}'")
     raw = path.read_bytes()
     try:

@@ -142,6 +142,9 @@ class Run:
     def _check_spec(self) -> None:
         """A resumed run must be resumed with the spec it was started with."""
         mine = _comparable(to_toml(self.spec, self.spec.NOT_IN_FILE))
+        if not self.spec_path.exists() and (self.dir / "records.jsonl").exists():
+            raise ConfigError(f"--run-id {self.run_id}: {self.dir} holds records but no {SPEC_FILE}, so "
+                              "what it measured cannot be checked against these options; choose another --run-id")
         if self.spec_path.exists():
             try:
                 text = self.spec_path.read_text(encoding="utf-8")
@@ -149,6 +152,9 @@ class Run:
             except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
                 raise ConfigError(f"--run-id {self.run_id}: {self.spec_path} is unreadable, so this run "
                                   "cannot be resumed safely; choose another --run-id") from None
+            if not isinstance(command, str):
+                raise ConfigError(f"--run-id {self.run_id}: {self.spec_path} names no command, so this run "
+                                  "cannot be resumed safely; choose another --run-id")
             if command != self.command:
                 raise ConfigError(f"--run-id {self.run_id}: {self.dir} holds a `routerbench {command}` run; "
                                   f"choose another --run-id for `routerbench {self.command}`")

@@ -25,8 +25,12 @@ def data_prepare(text, out, val_fraction) -> None:
         raise ConfigError(f"--val-fraction takes a number in (0, 0.5], got {val_fraction!r}") from None
     try:
         corpus = prepare_corpus(text, out, val_fraction=vf)
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    except FileNotFoundError as exc:
+        if str(exc).startswith("--text"):
+            raise ConfigError(str(exc)) from None
+        raise ConfigError(f"--out DIR: cannot write '{out}' ({exc.strerror or exc})") from None
     except OSError as exc:
         raise ConfigError(f"--out DIR: cannot write '{out}' ({exc.strerror or exc})") from None
     click.echo(f"{out}: vocab {corpus.vocab_size}, train {len(corpus.train):,} / val {len(corpus.val):,} "

@@ -40,12 +40,15 @@ def profile_cmd(config, **cli) -> None:
                 res = profile_case(case, run.device, run.dir, wait=p.wait, warmup=p.warmup, active=p.active,
                                    writer=u, methods=p.methods, pairs=p.pairs,
                                    memory_snapshot=p.memory_snapshot, max_entries=p.max_entries or 100_000)
-            except torch.cuda.OutOfMemoryError as exc:
-                u.write(**case.columns(), metric="router_share", unit="%", status="oom",
-                        error=str(exc).splitlines()[0])
-                u.commit({case.key: "oom"})
-                click.echo("routerbench: error: out of CUDA memory: lower --batch-size, --seq-len or "
-                           "--d-model", err=True)
+            except Exception as exc:  # noqa: BLE001 - recorded as the case's row, then one line
+                oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                u.write(**case.columns(), metric="router_share", unit="%", status="oom" if oom else "error",
+                        error=f"{type(exc).__name__}: {first}")
+                u.commit({case.key: "oom" if oom else "error"})
+                hint = "out of CUDA memory" if oom else f"{type(exc).__name__}: {first}"
+                click.echo(f"routerbench: error: profiling failed ({hint}); lower --batch-size, --seq-len "
+                           "or --d-model if it is memory", err=True)
                 sys.exit(1)
             u.commit({case.key: "ok"})
     click.echo(res["table"].to_string(index=False, na_rep="–", float_format=lambda v: f"{v:.3f}"))

@@ -40,7 +40,17 @@ def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train") ->
             click.echo(f"{label} {r} seed {seed}: already done, skipped")
             continue
         with run.writer.unit([key], kind="train") as u:
-            res = run_training(r, opts, corpus, tc, seed, run.device, u, progress=not quiet)
+            try:
+                res = run_training(r, opts, corpus, tc, seed, run.device, u, progress=not quiet)
+            except Exception as exc:  # noqa: BLE001 - an allocation failure or OOM: a row, then go on
+                import torch
+                status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                u.write(case_key=key, router=r, router_options=opts, seed=seed, mode="train",
+                        metric="time_to_target", unit="s", status=status, error=f"{type(exc).__name__}: {first}")
+                u.commit({key: status})
+                click.echo(f"{label} {r} seed {seed}: {status}: {type(exc).__name__}: {first}", err=True)
+                continue
             u.commit({key: res["status"]})
         ttt = f"{res['time_to_target']:.1f} s" if res["time_to_target"] is not None else res["status"]
         click.echo(f"{label} {r} seed {seed}: time to target {ttt}, final val loss {res['final_val_loss']:.4f}")

@@ -46,9 +46,11 @@ class Opt:
         choices: allowed values (of each element for a list), or a callable returning them.
         min: smallest allowed number (of each element for a list).
         min_open: the bound ``min`` itself is not allowed.
+        max: largest allowed number (of each element for a list).
         cli: whether the option is offered on the command line (always in TOML).
         metavar: how ``--help`` shows the value (default: by kind, ``N,N`` for ``ints``).
         empty_ok: a list option may be empty (``[]`` in TOML, ``''`` on the command line).
+        path: a path; a relative one in a ``--config`` file is relative to that file's folder.
     """
 
     kind: str
@@ -56,9 +58,11 @@ class Opt:
     choices: tuple | Callable[[], Any] | None = None
     min: float | None = None
     min_open: bool = False
+    max: float | None = None
     cli: bool = True
     metavar: str | None = None
     empty_ok: bool = False
+    path: bool = False
 
     def allowed(self) -> tuple | None:
         c = self.choices() if callable(self.choices) else self.choices
@@ -154,7 +158,7 @@ def coerce(value: Any, o: Opt, label: str, from_cli: bool) -> Any:
         else:
             raise ConfigError(f"{label} must be a list of {'integers' if k == 'ints' else 'strings'}, "
                               f"got {_describe(value)}")
-        one = Opt("int" if k == "ints" else "str", o.help, o.choices, o.min, o.min_open)
+        one = Opt("int" if k == "ints" else "str", o.help, o.choices, o.min, o.min_open, o.max)
         out = tuple(coerce(v, one, label, from_cli) for v in items)
         if len(set(out)) != len(out):
             raise ConfigError(f"{label} lists a value twice: {list(out)}")
@@ -180,6 +184,8 @@ def coerce(value: Any, o: Opt, label: str, from_cli: bool) -> Any:
         raise ConfigError(f"{label}: {value!r} is not one of {', '.join(map(str, allowed))}")
     if o.min is not None and (value < o.min or (o.min_open and value == o.min)):
         raise ConfigError(f"{label} must be {'>' if o.min_open else '>='} {o.min:g}, got {value!r}")
+    if o.max is not None and value > o.max:
+        raise ConfigError(f"{label} must be <= {o.max:g}, got {value!r}")
     return value
 
 
@@ -243,8 +249,11 @@ def load(spec_cls: type, cli: dict[str, Any], config: str | None = None):
                     raise ConfigError(f"{config}: unknown key {part}.{name}; the keys of [{part}] are: "
                                       f"{', '.join(known)}")
                 labels.from_file.add(f"{part}.{name}")
-                values[(part, name)] = coerce(value, decl[(part, name)].metadata["opt"],
-                                              labels(f"{part}.{name}"), from_cli=False)
+                o = decl[(part, name)].metadata["opt"]
+                value = coerce(value, o, labels(f"{part}.{name}"), from_cli=False)
+                if o.path and not Path(value).expanduser().is_absolute():
+                    value = str(Path(config).parent / value)
+                values[(part, name)] = value
     for (part, name), f in decl.items():
         raw = cli.get(name)
         if raw is None:

@@ -15,6 +15,11 @@ from workloads.config import DTYPES, GRIDS, PRESETS, WORKLOADS, DecoderConfig, p
 from .base import Labels, option
 
 
+#: Sanity bounds of the shape options (far beyond any model this harness measures; they turn a
+#: typo such as an extra zero into a one-line error instead of an allocation failure).
+MAX_WIDTH, MAX_DEPTH, MAX_TOKENS = 1 << 16, 1 << 12, 1 << 24
+
+
 @dataclass(frozen=True)
 class Shape:
     """The decoder shape options shared by every command (``[shape]``)."""
@@ -22,9 +27,11 @@ class Shape:
     preset: str | None = option("str", "Base shape (`routerbench list`): its sizes are the defaults of "
                                 "the shape options (default: see the command's help).",
                                 choices=lambda: tuple(PRESETS), metavar="NAME")
-    n_heads: int | None = option("int", "Attention heads (default: the base shape's).", min=1)
-    seq_len: int | None = option("int", "Tokens per sequence (default: the base shape's).", min=1)
-    batch_size: int | None = option("int", "Sequences per step (default: the base shape's).", min=1)
+    n_heads: int | None = option("int", "Attention heads (default: the base shape's).", min=1, max=MAX_WIDTH)
+    seq_len: int | None = option("int", "Tokens per sequence (default: the base shape's).", min=1,
+                                 max=MAX_TOKENS)
+    batch_size: int | None = option("int", "Sequences per step (default: the base shape's).", min=1,
+                                    max=MAX_TOKENS)
     dtype: str | None = option("str", "float32, bfloat16, float16 or float64 (default: the base "
                                "shape's).", choices=tuple(DTYPES), metavar="DTYPE")
     workload: str | None = option("str", "decoder (default), or router_only (every sublayer is its "
@@ -38,17 +45,17 @@ class Grid(Shape):
     """A width × depth grid (``routerbench run``)."""
 
     widths: tuple[int, ...] | None = option("ints", "Comma-separated d_model values (default: this "
-                                            "device's grid).", min=1)
+                                            "device's grid).", min=1, max=MAX_WIDTH)
     depths: tuple[int, ...] | None = option("ints", "Comma-separated n_layers values (default: this "
-                                            "device's grid).", min=1)
+                                            "device's grid).", min=1, max=MAX_DEPTH)
 
 
 @dataclass(frozen=True)
 class Single(Shape):
     """One shape (``routerbench train`` and ``profile``)."""
 
-    d_model: int | None = option("int", "Width (default: the base shape's).", min=1)
-    n_layers: int | None = option("int", "Layers (default: the base shape's).", min=1)
+    d_model: int | None = option("int", "Width (default: the base shape's).", min=1, max=MAX_WIDTH)
+    n_layers: int | None = option("int", "Layers (default: the base shape's).", min=1, max=MAX_DEPTH)
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ NOT_IN_FILE = ("output.out", "output.run_id")
 SHARED_SHAPE = ("n_heads", "seq_len", "batch_size", "dtype", "workload", "grad_checkpoint")
 
 
-RUN_ID_CHARS = "A-Z a-z 0-9 . _ -"
+RUN_ID_CHARS = "at most 120 of A-Z a-z 0-9 . _ -"
 
 
 def check_output(out: "Output", L: Labels) -> None:
@@ -92,7 +99,7 @@ def check_output(out: "Output", L: Labels) -> None:
     """
     import re
     rid = out.run_id
-    if rid is not None and (not re.fullmatch(r"[A-Za-z0-9._-]+", rid) or rid.startswith(".")):
+    if rid is not None and (not re.fullmatch(r"[A-Za-z0-9._-]{1,120}", rid) or rid.startswith(".")):
         raise ConfigError(f"{L('output.run_id')} {rid!r}: a run id is one name of {RUN_ID_CHARS} "
                           "(no '/', not starting with '.'); e.g. --run-id baseline-1")
     if out.out is not None and not out.out.strip():

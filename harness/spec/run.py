@@ -67,7 +67,7 @@ class Race:
 
     train: bool | None = option("bool", "Run the one-seed smoke race (default: on).")
     data: str | None = option("str", "Corpus dir of the race (default: the embedded stdlib corpus).",
-                              metavar="DIR")
+                              metavar="DIR", path=True)
     train_steps: int | None = option("int", "Race step budget (default: 300).", min=1)
     target_loss: float | None = option("float", "Race target in nats (default: 1.9).", min=0, min_open=True)
 

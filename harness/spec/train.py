@@ -21,7 +21,7 @@ class Training:
     """The training protocol (``[training]``; ``harness/train.py``)."""
 
     data: str | None = option("str", "Corpus dir (`routerbench data prepare`); default: the embedded "
-                              "stdlib corpus.", metavar="DIR")
+                              "stdlib corpus.", metavar="DIR", path=True)
     target_loss: float | None = option("float", "Validation loss in nats that stops the clock (required).",
                                        min=0, min_open=True)
     seeds: int | None = option("int", "Number of seeds, 0..N-1 (default: 1).", min=1)
