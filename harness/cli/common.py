@@ -77,6 +77,7 @@ def interruptible() -> Iterator[None]:
 
     def handler(signum, frame):
         if hits:
+            os.write(2, b"\ninterrupted again: exiting now; the unit in progress moves to aborted/ on resume\n")
             os._exit(128 + signum)
         hits.append(signum)
         raise Interrupted(signum)
