@@ -294,8 +294,8 @@ class RunWriter:
 
 
 class NullRunWriter:
-    """The writer of a process that must not write (a ``torchrun`` rank other than 0): units
-    measure and are dropped, no lock is taken, nothing is created."""
+    """The writer of a process that must not write (a ``torchrun`` rank other than 0): its units
+    measure and are dropped (:class:`_NullUnit`), no lock is taken, nothing is created."""
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.run_dir, self.run_id, self.session = Path(run_dir), run_id, "rank"
@@ -308,10 +308,13 @@ class NullRunWriter:
         return _NullUnit()
 
     def close(self) -> None:
-        pass
+        """Nothing to release: no lock was taken."""
 
 
 class _NullUnit:
+    """A unit that checks its rows like :class:`Unit` (so a bad row fails on every rank) and keeps
+    none of them."""
+
     run_dir = None
     rows = 0
 
@@ -319,20 +322,16 @@ class _NullUnit:
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        """Nothing staged, so nothing to commit or abandon."""
 
     def write(self, **row: Any) -> dict[str, Any]:
         return make_row({}, row)
 
     def commit(self, statuses: dict[str, str] | None = None) -> None:
-        with _signals_held():
-            self._commit(statuses)
-
-    def _commit(self, statuses: dict[str, str] | None) -> None:
-        pass
+        """Rank 0 records the unit; this rank drops it."""
 
     def abandon(self, reason: str) -> None:
-        pass
+        """Nothing staged: nothing to move to ``aborted/``."""
 
 
 def make_run_dir(run_dir: Path, out_option: str = "--out") -> None:
