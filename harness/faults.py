@@ -15,7 +15,15 @@ seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists
   and the case becomes an ``error`` row; without it the whole command dies, as it would);
 - ``hang``: the case's set-up sleeps forever (``--isolate`` with ``--case-timeout`` ends it);
 - ``disk_full``: committing the unit that holds the case writes half its bytes, then fails with
-  ``ENOSPC``, exercising the roll-back of a partial unit.
+  ``ENOSPC``, exercising the roll-back of a partial unit;
+- ``nan_loss``: a training run's loss is made non-finite from the first step after its first
+  evaluation (``--lr`` applies to every router of a command, so divergence of one named run cannot
+  be provoked otherwise); the run must end with a ``diverged`` row while the others go on;
+- ``kill_after_eval=N``: a training run's process kills itself with ``SIGKILL`` right after the
+  N-th evaluation after step 0 is recorded and checkpointed (the test of resume).
+
+Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
+``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
 
 Unset, the hook costs one environment lookup per case and does nothing.
 """
@@ -31,14 +39,14 @@ from pathlib import Path
 from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
-KINDS = ("oom", "crash", "hang", "disk_full")
+KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval")
 
 
-def parse(spec: str | None) -> list[tuple[str, str]]:
-    """``[(kind, glob), …]`` of a ``ROUTERBENCH_FAULT`` value.
+def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
+    """``[(kind, glob, argument), …]`` of a ``ROUTERBENCH_FAULT`` value (``KIND[=N]:GLOB``).
 
     Raises:
-        ValueError: an entry without ``:`` or of an unknown kind.
+        ValueError: an entry without ``:``, of an unknown kind, or with a non-integer argument.
     """
     out = []
     for entry in (spec or "").split(";"):
@@ -46,21 +54,28 @@ def parse(spec: str | None) -> list[tuple[str, str]]:
         if not entry:
             continue
         kind, sep, glob = entry.partition(":")
-        if not sep or kind not in KINDS:
-            raise ValueError(f"{ENV}: entry {entry!r} must be KIND:GLOB with KIND one of {', '.join(KINDS)}")
-        out.append((kind, glob))
+        kind, eq, arg = kind.partition("=")
+        if not sep or kind not in KINDS or (eq and not arg.isdigit()):
+            raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
+        out.append((kind, glob, int(arg) if eq else None))
     return out
+
+
+def fault_entry(case_key: str) -> tuple[str, int | None] | None:
+    """``(kind, argument)`` of the fault injected into ``case_key``, or None (first match wins)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    for kind, glob, arg in parse(spec):
+        if fnmatch.fnmatchcase(case_key, glob):
+            return kind, arg
+    return None
 
 
 def fault_for(case_key: str) -> str | None:
     """The kind of fault injected into ``case_key``, or None (the first matching entry wins)."""
-    spec = os.environ.get(ENV)
-    if not spec:
-        return None
-    for kind, glob in parse(spec):
-        if fnmatch.fnmatchcase(case_key, glob):
-            return kind
-    return None
+    entry = fault_entry(case_key)
+    return entry[0] if entry else None
 
 
 def maybe_inject(case_key: str) -> None:

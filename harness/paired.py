@@ -6,9 +6,10 @@ order alone shifted one public comparison by 10–13 % (csarofeen/pytorch#2242).
 every variant once; index ``i`` of each variant's times is pair ``i``, so slow drift of the machine
 (clocks, other tenants, thermal state) hits both sides of a pair alike and cancels in their ratio.
 
-The bootstrap interval of :func:`bootstrap_ratio_ci` covers the noise *within one run*: it
-resamples that run's pairs and knows nothing of drift *between* runs on a shared machine. Agreement
-between runs is shown as a figure (``reports/paired.py``), never asserted by a test.
+The bootstrap interval of :func:`harness.stats.bootstrap_ratio_ci` (importable from here too)
+covers the noise *within one run*: it resamples that run's pairs and knows nothing of drift
+*between* runs on a shared machine. Agreement between runs is shown as a figure
+(``reports/paired.py``), never asserted by a test.
 
 In a sweep (:func:`harness.sweep.run_sweep`) the cases that share backend, compile mode, mode, workload,
 shape and seed form a group. Every case of a group is set up as in an unpaired sweep (parameters,
@@ -38,19 +39,20 @@ import subprocess
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 import torch
 
 from . import backends
 from .rundir import StagingWriter
+from .stats import MIN_PAIRS_FOR_CI, bootstrap_ratio_ci  # re-exported
 from .timing import median_iqr, synchronize, time_steps
 
 if TYPE_CHECKING:
     from .cases import Case
     from .measure import SweepOptions
 
-__all__ = ["ORDERS", "bootstrap_ratio_ci", "compile_group", "group_key", "median_iqr", "pairable",
-           "round_order", "sm_clock_mhz", "time_group", "time_paired", "timing_manifest"]
+__all__ = ["MIN_PAIRS_FOR_CI", "ORDERS", "bootstrap_ratio_ci", "compile_group", "group_key",
+           "median_iqr", "pairable", "round_order", "sm_clock_mhz", "time_group", "time_paired",
+           "timing_manifest"]
 
 #: ``ABBA``: the order reverses every round (A B, B A, A B, …), so neither side always runs first;
 #: ``ABAB``: the same order every round.
@@ -107,50 +109,6 @@ def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, re
         for name in round_order(names, i, order):
             out[name].append(time_steps(steps[name], device, 1)[0])
     return out
-
-
-#: Fewer pairs than this give no interval (``--repeats`` sets the number of pairs).
-MIN_PAIRS_FOR_CI = 5
-
-
-def bootstrap_ratio_ci(a: list[float], b: list[float], n_boot: int = 2000, conf: float = 0.95,
-                       seed: int = 0) -> tuple[float, float, float]:
-    """Median per-pair ratio ``b_i / a_i`` with a percentile-bootstrap interval over pairs.
-
-    Pairs are resampled with replacement (a seeded ``numpy`` Generator), the median ratio is taken
-    of each resample, and the interval is the ``(1 − conf)/2`` and ``(1 + conf)/2`` percentiles
-    of those medians. It covers the noise within this one run, not drift between runs.
-
-    Args:
-        a: baseline times (e.g. prenorm), one per pair.
-        b: compared times, same pairs in the same order.
-        n_boot: bootstrap resamples.
-        conf: coverage of the interval, in (0, 1).
-        seed: seed of the resampling.
-
-    Returns:
-        ``(median_ratio, lo, hi)``; with fewer than :data:`MIN_PAIRS_FOR_CI` pairs the bounds
-        are NaN (a bootstrap of 3 pairs only spans their min and max, which is no interval).
-
-    Raises:
-        ValueError: empty or unequal lengths, a non-positive baseline time, or ``conf`` outside
-            (0, 1).
-    """
-    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a_.ndim != 1 or a_.shape != b_.shape or a_.size == 0:
-        raise ValueError(f"need two equally long, non-empty lists of pairs, got {a_.size} and {b_.size}")
-    if not (a_ > 0).all():
-        raise ValueError("baseline times must be positive")
-    if not 0 < conf < 1:
-        raise ValueError(f"conf must be in (0, 1), got {conf}")
-    r = b_ / a_
-    stat = float(np.median(r))
-    if r.size < MIN_PAIRS_FOR_CI:
-        return stat, float("nan"), float("nan")
-    idx = np.random.default_rng(seed).integers(0, r.size, size=(n_boot, r.size))
-    boots = np.median(r[idx], axis=1)
-    lo, hi = np.percentile(boots, [50 * (1 - conf), 50 * (1 + conf)])
-    return stat, float(lo), float(hi)
 
 
 # --- the paired sweep ------------------------------------------------------------------------

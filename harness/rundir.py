@@ -145,24 +145,25 @@ class Unit(StagingWriter):
         else:
             self.abandon(f"{exc_type.__name__}: {exc}".strip().rstrip(":"))
 
-    def commit(self, statuses: dict[str, str] | None = None) -> None:
+    def commit(self, statuses: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
         """Append the staged rows and the end marker to ``records.jsonl`` in one fsync-ed write.
 
         Args:
             statuses: case key -> final status (``ok``, ``oom``, ``error``, …), kept in the marker.
+            extra: more marker fields (a training segment's ``{"segment": {"case": key, "step": s}}``).
 
         Raises:
             DiskFullError: no space left; the records are as before and the unit is abandoned
                 (its rows moved to ``aborted/`` by a rename, which needs no space).
         """
         with _signals_held():
-            self._commit(statuses)
+            self._commit(statuses, extra)
 
-    def _commit(self, statuses: dict[str, str] | None) -> None:
+    def _commit(self, statuses: dict[str, str] | None, extra: dict[str, Any] | None = None) -> None:
         rows = [ln for ln in self.path.read_text(encoding="utf-8").splitlines() if _is_row(ln)]
         marker = {END: self.name, "schema": SCHEMA_VERSION, "kind": self.kind, "rows": len(rows),
                   "cases": self.cases, "statuses": statuses or {}, "session": self.owner.session,
-                  "committed": _now()}
+                  "committed": _now(), **(extra or {})}
         data = ("\n".join(rows + [json.dumps(marker, default=json_default)]) + "\n").encode()
         records = self.owner.records
         start = records.stat().st_size if records.exists() else 0
@@ -299,6 +300,7 @@ class NullRunWriter:
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.run_dir, self.run_id, self.session = Path(run_dir), run_id, "rank"
+        self.records = None  # writes nothing, not even checkpoints
         self.base: dict[str, Any] = {}
         self.completed: dict[str, str] = {}
         self.resumed = False
@@ -327,7 +329,7 @@ class _NullUnit:
     def write(self, **row: Any) -> dict[str, Any]:
         return make_row({}, row)
 
-    def commit(self, statuses: dict[str, str] | None = None) -> None:
+    def commit(self, statuses: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
         """Rank 0 records the unit; this rank drops it."""
 
     def abandon(self, reason: str) -> None:

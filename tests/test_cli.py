@@ -60,7 +60,7 @@ def test_prepare_real_text_then_train_to_target(tmp_path):
     res = invoke("data", "prepare", "--text", text, "--out", data)
     assert res.exit_code == 0 and "vocab" in res.output, res.output
     res = invoke("train", "--data", data, "--preset", "cpu-quick", "--routers", "prenorm",
-                 "--target-loss", "3.2", "--max-steps", "40", "--eval-every", "10", "--out",
+                 "--target-loss", "3.2", "--max-steps", "40", "--eval-every", "10", "--seeds", "1", "--out",
                  tmp_path / "res", "--no-report", "--quiet")
     assert res.exit_code == 0, res.output
     df = pd.DataFrame(load_rows(list((tmp_path / "res").glob("*/*"))))
@@ -70,9 +70,16 @@ def test_prepare_real_text_then_train_to_target(tmp_path):
     assert abs(v0 - math.log(vocab)) < 0.05
     ttt = df[df.metric == "time_to_target"].iloc[0]
     assert ttt.status == "ok" and ttt.value > 0
-    steps = df[df.metric == "steps_to_target"].value.iloc[0]
+    steps = df[df.metric == "steps_to_target_eval"].value.iloc[0]
     assert steps % 10 == 0 and 10 <= steps <= 40
-    hit = df[(df.metric == "val_loss") & (df.repeat == steps)].value.iloc[0]
-    assert hit <= 3.2
+    val = df[df.metric == "val_loss"].set_index("repeat").value
+    hit, before = val[steps], val[steps - 10]
+    assert hit <= 3.2 < before
+    # The clock is read between the two evaluations around the crossing, linearly on the loss.
+    f = (before - 3.2) / (before - hit)
+    assert df[df.metric == "steps_to_target"].value.iloc[0] == pytest.approx(steps - 10 + 10 * f)
+    clock = df[df.metric == "elapsed"].set_index("repeat").value
+    assert ttt.value == pytest.approx(clock[steps - 10] + f * (clock[steps] - clock[steps - 10]))
+    assert df[df.metric == "time_to_target_eval"].value.iloc[0] == clock[steps]
     assert df[df.metric == "loss_at_token_budget"].value.iloc[0] == \
         df[(df.metric == "val_loss") & (df.repeat == 40)].value.iloc[0]

@@ -166,8 +166,9 @@ def test_only_rank_0_writes_under_torchrun(tmp_path, monkeypatch):
 
 
 def test_fault_hook_parsing():
-    assert faults.parse("oom:haares|*; crash:rezero|*") == [("oom", "haares|*"), ("crash", "rezero|*")]
-    with pytest.raises(ValueError, match="KIND:GLOB"):
+    assert faults.parse("oom:haares|*; crash:rezero|*") == [("oom", "haares|*", None), ("crash", "rezero|*", None)]
+    assert faults.parse("kill_after_eval=2:train|*") == [("kill_after_eval", "train|*", 2)]
+    with pytest.raises(ValueError, match=r"KIND\[=N\]:GLOB"):
         faults.parse("explode:x")
 
 

@@ -104,7 +104,20 @@ CLI_CASES = [
     (["run", "--config", "/no/such.toml"], "--config /no/such.toml: no such file"),
     (["run", "--out", "@file"], "--out"),
     (["run", "--out", "/proc/version/sub"], "--out"),
-    (["train"], "--target-loss is required"),
+    (["train", "--target-from-pilot", "nope"], "--target-from-pilot: 'nope' is not one of"),
+    (["train", "--seeds", "0"], "--seeds must be >= 1"),
+    (["train", "--chunk", "0"], "--chunk must be >= 1"),
+    (["train", "--pilot-fraction", "1.5"], "--pilot-fraction must be <= 1"),
+    (["train", "--pilot-fraction", "0"], "--pilot-fraction must be > 0"),
+    (["train", "--target-from-pilot", "prenorm", "--target-loss", "2"], "--target-from-pilot and --target-loss exclude"),
+    (["train", "--target-loss", "2", "--pilot-fraction", "0.5"], "--pilot-fraction applies to a pilot target"),
+    (["train", "--backend", "tpu"], "--backend: 'tpu' is not one of"),
+    (["train", "--precision", "fp8"], "--precision: 'fp8' is not one of"),
+    (["train", "--grad-accum", "3"], "--grad-accum 3 does not divide --batch-size 16"),
+    (["train", "--dtype", "bfloat16"], "use --precision bf16-mixed"),
+    (["train", "--schedule", "parallel"], "--schedule: 'parallel' is not one of"),
+    (["train", "--target-from-pilot", "block_attnres", "--routers", "prenorm",
+      "--router-options", '{"block_attnres": {"n_blocks": 99}}'], "n_blocks=99 must be in 1..4"),
     (["train", "--target-loss", "-1"], "--target-loss must be > 0"),
     (["train", "--target-loss", "2", "--data", "/no/such/dir"], "--data: no such directory '/no/such/dir'"),
     (["train", "--target-loss", "2", "--workload", "router_only"], "training needs the decoder workload"),
@@ -208,8 +221,12 @@ def test_defaults_resolve_to_the_device_suite():
     # 7 routers + two_phase of the 3 block routers = 10 impls; eager on 2×2 shapes × 2 modes,
     # compile fwd_bwd at the smallest shape.
     assert len(cases) == 10 * 4 * 2 + 10
-    with pytest.raises(ConfigError, match="--target-loss is required"):
-        TrainSpec().resolve(load(TrainSpec, {}, None)[1])
+    t = TrainSpec().resolve(load(TrainSpec, {}, None)[1]).training
+    # No target given: a prenorm pilot sets it at half the budget; 3 seeds; the default cadence is
+    # at most 2.5 % of the step budget; interleaved where the runs fit.
+    assert (t.target_loss, t.target_from_pilot, t.pilot_fraction, t.seeds) == (None, "prenorm", 0.5, 3)
+    assert t.eval_every == 7 <= 0.025 * t.max_steps and t.chunk == 7
+    assert (t.schedule, t.backend, t.precision, t.grad_accum) == ("auto", "eager", "fp32", 1)
 
 
 def test_a_finished_runs_spec_repeats_its_case_set(tmp_path):

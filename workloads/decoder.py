@@ -145,6 +145,10 @@ class Decoder(nn.Module):
         cfg: the shape.
         router: a router instance, or a registered router name (built with ``router_options``).
         router_options: options of a router given by name.
+        init_seed: when given, the weights every router shares (embedding, sublayers, LM head) are
+            drawn from a generator seeded with it, in a fixed order, so two decoders with different
+            routers start from the same shared weights (training runs are paired by seed); the
+            router's own parameters still come from the global RNG. ``None``: the global RNG.
 
     Forward: token ids (B, T) int64 → logits (B, T, vocab_size) in ``cfg.dtype``.
 
@@ -154,7 +158,7 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, cfg: DecoderConfig, router: Router | str = "prenorm",
-                 router_options: dict | None = None) -> None:
+                 router_options: dict | None = None, init_seed: int | None = None) -> None:
         super().__init__()
         if isinstance(router, str):
             router = build_router(router, cfg.d_model, cfg.n_layers, **(router_options or {}))
@@ -173,10 +177,10 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self._init_weights()
+        self._init_weights(None if init_seed is None else torch.Generator().manual_seed(init_seed))
         self.to(cfg.torch_dtype)
 
-    def _init_weights(self) -> None:
+    def _init_weights(self, generator: torch.Generator | None = None) -> None:
         # GPT-2 init; the output projections are scaled by 1/sqrt(2L) so the residual stream's
         # variance at init does not grow with depth.
         for name, p in self.named_parameters():
@@ -185,7 +189,7 @@ class Decoder(nn.Module):
             std = 0.02
             if name.endswith(("proj.weight", "down.weight")):
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-            nn.init.normal_(p, mean=0.0, std=std)
+            nn.init.normal_(p, mean=0.0, std=std, generator=generator)
 
     def setup_kv_cache(self, batch_size: int) -> None:
         """Give every attention sublayer a static KV cache of ``cfg.seq_len`` positions."""

@@ -33,49 +33,82 @@ def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[st
 
 
 def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train") -> None:
-    """Train each planned run not yet complete in ``run``; each run is one unit of resume."""
-    from ..train import run_training
-    for r, opts, seed, key in runs:
-        if key in run.writer.completed:
-            click.echo(f"{label} {r} seed {seed}: already done, skipped")
-            continue
-        with run.writer.unit([key], kind="train") as u:
-            try:
-                res = run_training(r, opts, corpus, tc, seed, run.device, u, progress=not quiet)
-            except Exception as exc:  # noqa: BLE001 - an allocation failure or OOM: a row, then go on
-                import torch
-                status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
-                first = (str(exc).strip().splitlines() or [""])[0][:300]
-                u.write(case_key=key, router=r, router_options=opts, seed=seed, mode="train",
-                        metric="time_to_target", unit="s", status=status, error=f"{type(exc).__name__}: {first}")
-                u.commit({key: status})
-                click.echo(f"{label} {r} seed {seed}: {status}: {type(exc).__name__}: {first}", err=True)
-                continue
-            u.commit({key: res["status"]})
-        ttt = f"{res['time_to_target']:.1f} s" if res["time_to_target"] is not None else res["status"]
-        click.echo(f"{label} {r} seed {seed}: time to target {ttt}, final val loss {res['final_val_loss']:.4f}")
+    """Train the planned runs one after the other (the smoke race of ``routerbench run``); each
+    evaluation is committed and checkpointed, so an interrupted race resumes mid-run."""
+    from ..schedule import Trainer
+    from ..train import TrainRun
+    trainer = Trainer(run.writer, run.dir, run.device, quiet, label)
+    trainer.run_group([TrainRun(r, opts, corpus, tc, seed, run.device) for r, opts, seed, _ in runs])
+
+
+def pilot_target(trainer, pilot, run: Run) -> float:
+    """The target loss the pilot run sets: read back from the records when its unit is complete,
+    else trained now.
+
+    Raises:
+        click.ClickException: the pilot failed or diverged (exit 1; give --target-loss instead).
+    """
+    from harness.records import load_rows
+    if pilot.key not in run.writer.completed:
+        trainer.run_group([pilot])
+    rows = [r for r in load_rows([run.dir]) if r["case_key"] == pilot.key]
+    target = [r["value"] for r in rows if r["metric"] == "target_loss" and r["status"] == "ok"]
+    if not target or target[-1] is None:
+        why = next((r["error"] for r in rows if r.get("error")), "no target row")
+        raise click.ClickException(f"the {pilot.router} pilot set no target ({why}); give --target-loss")
+    return float(target[-1])
 
 
 @click.command("train")
 @spec_options(TrainSpec)
 def train_cmd(config, **cli) -> None:
-    """Time to a target validation loss, per router and seed.
+    """Time to a target validation loss: routers x seeds, paired by seed.
 
-    Defaults: --preset cpu-train, --routers prenorm,haares, one seed, the embedded corpus."""
-    from ..train import TrainConfig
+    Defaults: --preset cpu-train, --routers prenorm,haares, 3 seeds, a target set by a prenorm
+    pilot at half the step budget, the embedded corpus."""
+    from dataclasses import replace
+
+    import torch
+
+    from ..schedule import Trainer, choose_schedule
+    from ..train import PILOT_SEED, TIME_TO_TARGET_METHOD, TrainRun
 
     spec, labels = load_spec(TrainSpec, cli, config)
     tr = spec.training
-    tc = TrainConfig(spec.decoder_config(), target_loss=tr.target_loss, max_steps=tr.max_steps,
-                     eval_every=tr.eval_every, lr=tr.lr, stop_at_target=tr.stop_at_target)
+    tc = spec.train_config()
     corpus = load_corpus(tr.data, labels("training.data"))
     opts = {r: dict((spec.routers.router_options or {}).get(r, {})) for r in spec.routers.routers}
-    runs = plan(opts, tc, range(tr.seeds), corpus)
+    seeds = list(range(tr.seeds))
+    runs = plan(opts, tc, seeds, corpus)
+    pilot = None
+    if tr.target_from_pilot:
+        popts = dict((spec.routers.router_options or {}).get(tr.target_from_pilot, {}))
+        pilot = TrainRun(tr.target_from_pilot, popts, corpus, tc, PILOT_SEED, torch.device(spec.output.device),
+                         mode="pilot", stop_step=tc.pilot_stop(tr.pilot_fraction))
     run = Run("train", spec)
-    run.manifest({"corpus": corpus_info(corpus), "runs": len(runs)})
-    run.announce()
-    with run.guarded(lambda: [k for *_, k in runs]):
-        train_runs(runs, corpus, tc, run, spec.output.quiet)
+    sched = choose_schedule(tr.schedule, [TrainRun(r, o, corpus, tc, seeds[0], run.device)
+                                          for r, o in opts.items()], run.device)
+    target = ({"source": "given", "value": tr.target_loss} if pilot is None else
+              {"source": "pilot", "router": pilot.router, "seed": PILOT_SEED, "fraction": tr.pilot_fraction,
+               "step": pilot.stop_step})
+    run.manifest({"corpus": corpus_info(corpus), "runs": len(runs), "seeds": seeds, "target": target,
+                  "schedule": sched, "chunk": tr.chunk, "backend": tc.backend, "precision": tc.precision,
+                  "grad_accum": tc.grad_accum, "eval_every": tc.eval_every,
+                  "time_to_target": TIME_TO_TARGET_METHOD})
+    run.announce(f"  ({len(runs)} runs, {len(seeds)} seeds, schedule {sched['schedule']})")
+    click.echo(f"schedule: {sched['schedule']} ({sched['reason']})")
+    keys = [k for *_, k in runs] + ([pilot.key] if pilot else [])
+    trainer = Trainer(run.writer, run.dir, run.device, spec.output.quiet)
+    with run.guarded(lambda: keys):
+        if pilot is not None:
+            trainer.label = "pilot"
+            tc = replace(tc, target_loss=pilot_target(trainer, pilot, run))
+            trainer.label = "train"
+            click.echo(f"target: {tc.target_loss:.4f} nats (the {pilot.router} pilot's val loss at step "
+                       f"{pilot.stop_step} of {tc.max_steps})")
+        for seed in seeds:
+            group = [TrainRun(r, o, corpus, tc, seed, run.device) for r, o in opts.items()]
+            trainer.run_group(group, sched["schedule"], tr.chunk)
         if spec.output.report:
             write_report([run.dir])
 

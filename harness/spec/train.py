@@ -7,29 +7,55 @@ from typing import ClassVar
 
 from routers.errors import ConfigError
 
+from routers import ROUTERS, check_router_options
+
+from ..schedule import SCHEDULES
+from ..train import PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, default_eval_every
 from .base import Labels, option
 from .parts import (NOT_IN_FILE, absolute, Output, RouterSet, Single, base_shape, preset_base, check_heads, check_router_set,
                     check_output, resolve_device, resolved_shape)
 
 DEFAULT_ROUTERS = ("prenorm", "haares")
+DEFAULT_PILOT = "prenorm"
 
 DEFAULT_PRESET = "cpu-train"
 
 
 @dataclass(frozen=True)
 class Training:
-    """The training protocol (``[training]``; ``harness/train.py``)."""
+    """The training protocol (``[training]``; ``harness/train.py``, ``harness/schedule.py``)."""
 
     data: str | None = option("str", "Corpus dir (`routerbench data prepare`); default: the embedded "
                               "stdlib corpus.", metavar="DIR", path=True)
-    target_loss: float | None = option("float", "Validation loss in nats that stops the clock (required).",
-                                       min=0, min_open=True)
-    seeds: int | None = option("int", "Number of seeds, 0..N-1 (default: 1).", min=1)
+    target_loss: float | None = option("float", "Validation loss in nats that stops the clock (default: "
+                                       "set by a pilot run, --target-from-pilot).", min=0, min_open=True)
+    target_from_pilot: str | None = option("str", "Router of the pilot run that sets the target: its "
+                                           "val loss at --pilot-fraction of the budget, with its own seed "
+                                           f"{PILOT_SEED} (default: prenorm, unless --target-loss).",
+                                           choices=lambda: tuple(ROUTERS), metavar="ROUTER")
+    pilot_fraction: float | None = option("float", "Where the pilot's target is read: the first "
+                                          "evaluation at or after this fraction of the step budget "
+                                          "(default: 0.5).", min=0, min_open=True, max=1)
+    seeds: int | None = option("int", "Number of seeds, 0..N-1; every router trains once per seed "
+                               "(default: 3).", min=1)
     max_steps: int | None = option("int", "Step budget (default: 300).", min=1)
-    eval_every: int | None = option("int", "Evaluation cadence in steps (default: 20).", min=1)
+    eval_every: int | None = option("int", "Evaluation cadence in steps (default: 2.5 % of the step "
+                                    "budget).", min=1)
     lr: float | None = option("float", "Peak learning rate (default: 0.003).", min=0, min_open=True)
     stop_at_target: bool | None = option("bool", "End each run at the target, without the loss at the "
                                          "token budget (default: off).")
+    schedule: str | None = option("str", "interleaved: the runs of a seed advance in turns of --chunk "
+                                  "steps in one process; sequential: one after the other; auto "
+                                  "(default): interleaved when they fit in half the free memory.",
+                                  choices=SCHEDULES)
+    chunk: int | None = option("int", "Steps per turn of the interleaved schedule (default: the "
+                               "evaluation cadence).", min=1)
+    backend: str | None = option("str", "eager (default), compile, or cudagraph (the whole step "
+                                 "captured; CUDA only, a skipped row elsewhere).", choices=TRAIN_BACKENDS)
+    precision: str | None = option("str", "fp32 (default), or bf16-mixed: float32 weights and "
+                                   "optimizer, bf16 autocast.", choices=PRECISIONS)
+    grad_accum: int | None = option("int", "Micro-batches per step; --batch-size is split into them "
+                                    "(default: 1).", min=1)
 
 
 @dataclass(frozen=True)
@@ -52,9 +78,15 @@ class TrainSpec:
                 corpus that cannot be read or whose validation split is shorter than a sequence.
         """
         s, tr, out = self.shape, self.training, self.output
-        if tr.target_loss is None:
-            raise ConfigError(f"{L('training.target_loss')} is required (nats), e.g. --target-loss 1.6 "
-                              "or target_loss = 1.6 under [training] in the --config file")
+        if tr.target_loss is not None and tr.target_from_pilot is not None:
+            raise ConfigError(f"{L('training.target_from_pilot')} and {L('training.target_loss')} exclude "
+                              "each other: give the target, or the router of the pilot that sets it")
+        if tr.target_loss is not None and tr.pilot_fraction is not None:
+            raise ConfigError(f"{L('training.pilot_fraction')} applies to a pilot target; "
+                              f"{L('training.target_loss')} gives the target itself: drop one of them")
+        if s.dtype not in (None, "float32"):
+            raise ConfigError(f"{L('shape.dtype')} {s.dtype}: training keeps float32 weights and "
+                              f"optimizer state; use {L('training.precision')} bf16-mixed")
         if s.workload not in (None, "decoder"):
             raise ConfigError(f"{L('shape.workload')} {s.workload}: training needs the decoder workload")
         check_output(out, L)
@@ -62,22 +94,38 @@ class TrainSpec:
         pb = preset_base(s, dev, DEFAULT_PRESET)
         d_model, n_layers = s.d_model or pb.d_model, s.n_layers or pb.n_layers
         check_heads([d_model], s.n_heads or pb.n_heads, L, "shape.d_model")
-        base = base_shape(s, dev, DEFAULT_PRESET, d_model=d_model, n_layers=n_layers)
+        preset_dtype = pb.dtype
+        base = base_shape(replace(s, dtype=None), dev, DEFAULT_PRESET, d_model=d_model, n_layers=n_layers,
+                          dtype="float32")
+        precision = tr.precision or ("bf16-mixed" if preset_dtype == "bfloat16" else "fp32")
+        if tr.grad_accum is not None and base.batch_size % tr.grad_accum:
+            raise ConfigError(f"{L('training.grad_accum')} {tr.grad_accum} does not divide "
+                              f"{L('shape.batch_size')} {base.batch_size}; change one of them")
         routers = self.routers.routers or DEFAULT_ROUTERS
-        check_router_set(self.routers, routers, [n_layers], d_model, L)
+        pilot = None if tr.target_loss is not None else (tr.target_from_pilot or DEFAULT_PILOT)
+        check_router_set(self.routers, tuple(dict.fromkeys((*routers, *([pilot] if pilot else [])))),
+                         [n_layers], d_model, L)
+        if pilot:
+            check_router_options(pilot, (self.routers.router_options or {}).get(pilot, {}), d_model, n_layers,
+                                 L("training.target_from_pilot"))
         from workloads.data import CharCorpus
         if tr.data is not None:
             corpus = CharCorpus.open(tr.data, L("training.data"))
             if len(corpus.val) < base.seq_len + 1:
                 raise ConfigError(f"{L('shape.seq_len')} {base.seq_len}: the validation split of "
                                   f"{tr.data} has only {len(corpus.val)} tokens; lower it")
+        max_steps = tr.max_steps or 300
+        eval_every = tr.eval_every or default_eval_every(max_steps)
         return replace(
             self,
             shape=resolved_shape(s, base, preset=s.preset or DEFAULT_PRESET, d_model=d_model, n_layers=n_layers),
             routers=replace(self.routers, routers=routers, router_options=self.routers.router_options or None),
-            training=replace(tr, data=absolute(tr.data), seeds=tr.seeds or 1, max_steps=tr.max_steps or 300,
-                             eval_every=tr.eval_every or 20, lr=tr.lr or 3e-3,
-                             stop_at_target=bool(tr.stop_at_target)),
+            training=replace(tr, data=absolute(tr.data), seeds=tr.seeds or 3, max_steps=max_steps,
+                             eval_every=eval_every, lr=tr.lr or 3e-3, stop_at_target=bool(tr.stop_at_target),
+                             target_from_pilot=pilot,
+                             pilot_fraction=None if tr.target_loss is not None else (tr.pilot_fraction or 0.5),
+                             schedule=tr.schedule or "auto", chunk=tr.chunk or eval_every,
+                             backend=tr.backend or "eager", precision=precision, grad_accum=tr.grad_accum or 1),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
         )
 
@@ -87,3 +135,12 @@ class TrainSpec:
         s = self.shape
         return base_shape(s, torch.device(self.output.device), DEFAULT_PRESET, d_model=s.d_model,
                           n_layers=s.n_layers)
+
+    def train_config(self):
+        """The :class:`harness.train.TrainConfig` of a resolved spec (``target_loss`` None when a
+        pilot sets it)."""
+        from ..train import TrainConfig
+        tr = self.training
+        return TrainConfig(self.decoder_config(), target_loss=tr.target_loss, max_steps=tr.max_steps,
+                           eval_every=tr.eval_every, lr=tr.lr, stop_at_target=tr.stop_at_target,
+                           backend=tr.backend, precision=tr.precision, grad_accum=tr.grad_accum)

@@ -1,0 +1,250 @@
+"""Which training runs advance together, and the loop that drives them (MEASUREMENT.md, "Time to
+target loss": routers trained one after the other on a shared machine see different load).
+
+- ``interleaved``: the runs of one seed live in one process and advance in turns of ``--chunk K``
+  steps, each clock counting only its own steps, so a load spike on the machine falls on every
+  router of the seed alike. It holds every run of the seed in memory at once.
+- ``sequential``: one run after the other (what fits when the interleaved group does not).
+- ``auto`` (the default): ``interleaved`` when the estimate of :func:`estimate_run_bytes` summed
+  over the group is at most :data:`MEMORY_FRACTION` of the free memory of the device, else
+  ``sequential``. The manifest records the choice and the estimate.
+
+The schedule changes no number but time: a run's data order, initial weights and RNG states are
+its own, so both schedules give bitwise-equal loss curves on a CPU with a fixed thread count
+(tested).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+import click
+import torch
+
+from .records import RECORDS_FILE, iter_units
+
+from .backends import one_dynamo_cache, unavailable_reason
+from .train import TrainRun
+
+SCHEDULES = ("auto", "interleaved", "sequential")
+#: Share of the device's free memory an interleaved group may be estimated to take.
+MEMORY_FRACTION = 0.5
+
+
+def parameter_count(run: TrainRun) -> int:
+    """Parameters of ``run``'s decoder: the shared part in closed form (per layer 4d² attention,
+    12d² SwiGLU or 8d² GELU MLP, two norm gains; embedding and LM head V·d each unless tied; the
+    final norm), the router's counted on the ``meta`` device (no memory is allocated)."""
+    from routers import build_router
+    cfg = run.cfg
+    with torch.device("meta"):
+        n_router = sum(p.numel() for p in build_router(run.router, cfg.d_model, cfg.n_layers,
+                                                      **run.options).parameters())
+    d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab_size
+    mlp = 12 * d * d if cfg.mlp == "swiglu" else 8 * d * d
+    return L * (4 * d * d + mlp + 2 * d) + V * d * (1 if cfg.tie_embeddings else 2) + d + n_router
+
+
+def estimate_run_bytes(run: TrainRun) -> int:
+    """Estimated peak memory of one training run, in bytes (an estimate, stated as such):
+
+    - weights, gradients and AdamW's two moments in float32: 16 bytes per parameter
+      (:func:`parameter_count`);
+    - activations per layer of a micro-batch: s·b·d·(34 + 5·h·s/d) bytes at 2 bytes per value
+      (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+      eq. 1), doubled for float32 activations;
+    - the logits and their gradient in float32: 2·b·s·V·4 bytes.
+    """
+    cfg = run.cfg
+    b, s, d, h = cfg.batch_size // run.tc.grad_accum, cfg.seq_len, cfg.d_model, cfg.n_heads
+    per_value = 1.0 if run.tc.precision == "bf16-mixed" else 2.0
+    activations = cfg.n_layers * s * b * d * (34 + 5 * h * s / d) * per_value
+    return int(16 * parameter_count(run) + activations + 2 * b * s * cfg.vocab_size * 4)
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory of ``device`` in bytes: ``cudaMemGetInfo`` on CUDA, ``MemAvailable`` of
+    ``/proc/meminfo`` on a CPU (else the free physical pages)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def choose_schedule(schedule: str, group: list[TrainRun], device: torch.device) -> dict:
+    """Resolve ``auto`` for a group (the runs of one seed).
+
+    Returns:
+        the manifest entry: ``schedule`` (``interleaved`` or ``sequential``), ``requested``,
+        ``estimate_bytes`` (per run), ``group_bytes``, ``available_bytes``, ``fraction`` and
+        ``reason``.
+    """
+    per_run = {r.router: estimate_run_bytes(r) for r in group}
+    need, free = sum(per_run.values()), available_bytes(device)
+    fits = need <= MEMORY_FRACTION * free
+    chosen = schedule if schedule != "auto" else ("interleaved" if fits else "sequential")
+    gib = 2 ** 30
+    reason = (f"{'requested' if schedule != 'auto' else 'auto'}: the {len(group)} runs of a seed need an "
+              f"estimated {need / gib:.2f} GiB together, {free / gib:.1f} GiB free on {device} "
+              f"({'fits' if fits else 'does not fit'} in {MEMORY_FRACTION:.0%} of it)")
+    return {"schedule": chosen, "requested": schedule, "estimate_bytes": per_run, "group_bytes": need,
+            "available_bytes": free, "fraction": MEMORY_FRACTION, "reason": reason}
+
+
+class Trainer:
+    """Drives training runs against a run directory: resume points, checkpoints, commits, and
+    errors that end one run while the others go on.
+
+    Args:
+        writer: the run's :class:`harness.rundir.RunWriter` (or a null writer on ranks ≠ 0).
+        run_dir: the run directory (checkpoints live in ``checkpoints/``).
+        device: where runs train.
+        quiet: no progress bar.
+        label: how the terminal lines start (``train``, ``pilot``, ``smoke race``).
+    """
+
+    def __init__(self, writer, run_dir: Path, device: torch.device, quiet: bool = False,
+                 label: str = "train") -> None:
+        self.writer, self.run_dir, self.device, self.quiet, self.label = writer, Path(run_dir), device, quiet, label
+        self.segments: dict[str, int] = {}  # run key -> step of its last committed evaluation
+        for marker, _ in iter_units(self.run_dir / RECORDS_FILE):
+            seg = marker.get("segment")
+            if seg:
+                self.segments[seg["case"]] = max(seg["step"], self.segments.get(seg["case"], -1))
+        self.bar = None
+
+    def done(self, run: TrainRun) -> bool:
+        return run.key in self.writer.completed
+
+    def _echo(self, run: TrainRun, text: str, err: bool = False) -> None:
+        msg = f"{self.label} {run.router} seed {run.seed}: {text}"
+        (self.bar.write if self.bar is not None and not err else lambda m: click.echo(m, err=err))(msg)
+
+    # --- the callback of every evaluation ---------------------------------------------------
+    def on_eval(self, run: TrainRun) -> None:
+        """Commit the evaluation's rows (with the run's final rows when it ended); checkpoint a
+        run that goes on before its rows are committed, and delete the older checkpoint after."""
+        ev = run.evals[-1]
+        rows = run.eval_rows(ev)
+        ckpt_dir = run.checkpoint_dir(self.run_dir)
+        if run.done:
+            with self.writer.unit([run.key], kind="train") as u:
+                for r in rows + run.final_rows():
+                    u.write(**r)
+                u.commit({run.key: run.status})
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            self._echo(run, run.summary())
+        else:
+            keep = run.save_checkpoint(self.run_dir) if self.writer.records is not None else None
+            with self.writer.unit([], kind="train_segment") as u:
+                for r in rows:
+                    u.write(**r)
+                u.commit(extra={"segment": {"case": run.key, "step": ev.step}})
+            self.segments[run.key] = ev.step
+            for old in ckpt_dir.glob("step-*.pt"):
+                if old != keep:
+                    old.unlink()
+        if self.bar is not None:
+            self.bar.update(ev.step - self._shown.get(run.key, ev.step))
+            self._shown[run.key] = ev.step
+            self.bar.set_postfix_str(f"{run.router} s{run.seed} val {ev.val_loss:.3f}")
+
+    # --- starting and failing ----------------------------------------------------------------
+    def resume_point(self, run: TrainRun) -> Path | None:
+        """The checkpoint to resume ``run`` from (that of its last committed evaluation), or None
+        to start afresh; stale checkpoints (written, never committed) are deleted.
+
+        Raises:
+            FileNotFoundError: evaluations were committed but their checkpoint is gone.
+        """
+        step = self.segments.get(run.key)
+        d = run.checkpoint_dir(self.run_dir)
+        keep = d / f"step-{step:08d}.pt" if step is not None else None
+        for p in d.glob("step-*"):
+            if p != keep:
+                p.unlink()
+        if keep is not None and not keep.exists():
+            raise FileNotFoundError(f"evaluations up to step {step} are recorded but their checkpoint "
+                                    f"{keep} is gone: the run cannot resume without doubling rows")
+        return keep
+
+    def start(self, run: TrainRun) -> bool:
+        """Set ``run`` up (from its checkpoint if one is due); False when it ended with a row."""
+        why = unavailable_reason(run.tc.backend, None, self.device)
+        if why:
+            self.fail(run, status="skipped", message=why)
+            return False
+        try:
+            ckpt = self.resume_point(run)
+            run.setup(ckpt)
+        except Exception as exc:  # noqa: BLE001 - an OOM, a failed capture: a row, then go on
+            self.fail(run, exc)
+            return False
+        if ckpt is not None:
+            self._echo(run, f"resumed at step {run.step} ({run.clock:.1f} s on its clock)")
+        return True
+
+    def fail(self, run: TrainRun, exc: BaseException | None = None, status: str | None = None,
+             message: str | None = None) -> None:
+        """End ``run`` with one ``time_to_target`` row of status ``oom``, ``error`` or ``skipped``."""
+        if exc is not None:
+            status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            message = f"{type(exc).__name__}: {first}"
+        with self.writer.unit([run.key], kind="train") as u:
+            u.write(**run.cols, metric="time_to_target", unit="s", status=status, error=message)
+            u.commit({run.key: status})
+        run.release()
+        self._echo(run, f"{status}: {message}", err=status != "skipped")
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run_group(self, runs: Iterable[TrainRun], schedule: str = "sequential", chunk: int = 10) -> None:
+        """Train every run of ``runs`` not yet complete: all at once in turns of ``chunk`` steps
+        (``interleaved``) or one after the other (``sequential``)."""
+        todo = []
+        for r in runs:
+            if self.done(r):
+                self._echo(r, "already done, skipped")
+            else:
+                todo.append(r)
+        if not todo:
+            return
+        groups = [todo] if schedule == "interleaved" else [[r] for r in todo]
+        from tqdm import tqdm
+        for group in groups:
+            compiled = any(r.tc.backend == "compile" for r in group)
+            with one_dynamo_cache() if compiled else contextlib.nullcontext():
+                self._shown = {}
+                names = ", ".join(f"{r.router} seed {r.seed}" for r in group)
+                active = [r for r in group if self.start(r)]
+                self.bar = tqdm(total=sum(r.stop_step for r in active), initial=sum(r.step for r in active),
+                                desc=f"{self.label} {names}"[:60], unit="step", disable=self.quiet or not active,
+                                leave=False)
+                self._shown = {r.key: r.step for r in active}
+                try:
+                    while active:
+                        for r in list(active):
+                            try:
+                                r.advance(chunk if len(group) > 1 else r.stop_step, self.on_eval)
+                            except (KeyboardInterrupt, SystemExit):
+                                raise
+                            except Exception as exc:  # noqa: BLE001 - one run fails, the others go on
+                                active.remove(r)
+                                self.fail(r, exc)
+                                continue
+                            if r.done:
+                                active.remove(r)
+                                r.release()
+                finally:
+                    self.bar.close()
+                    self.bar = None
+
