@@ -20,7 +20,10 @@ seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists
   evaluation (``--lr`` applies to every router of a command, so divergence of one named run cannot
   be provoked otherwise); the run must end with a ``diverged`` row while the others go on;
 - ``kill_after_eval=N``: a training run's process kills itself with ``SIGKILL`` right after the
-  N-th evaluation after step 0 is recorded and checkpointed (the test of resume).
+  N-th evaluation after step 0 is recorded and checkpointed (the test of resume);
+- ``kill_in_eval=N``: the same, but after the N-th evaluation's checkpoint is written and its rows
+  are staged, before they are committed (the test of a checkpoint without its rows: resume goes
+  back to the checkpoint before, and the staged rows go to ``aborted/``).
 
 Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
 ``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
-KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval")
+KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval")
 
 
 def parse(spec: str | None) -> list[tuple[str, str, int | None]]:

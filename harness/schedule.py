@@ -17,7 +17,9 @@ its own, so both schedules give bitwise-equal loss curves on a CPU with a fixed 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Iterable
 
@@ -142,12 +144,16 @@ class Trainer:
                     u.write(**r)
                 u.commit({run.key: run.status})
             shutil.rmtree(ckpt_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                ckpt_dir.parent.rmdir()  # checkpoints/ once no run needs one
             self._echo(run, run.summary())
         else:
             keep = run.save_checkpoint(self.run_dir) if self.writer.records is not None else None
             with self.writer.unit([], kind="train_segment") as u:
                 for r in rows:
                     u.write(**r)
+                if run.fault == ("kill_in_eval", len(run.evals) - 1):
+                    os.kill(os.getpid(), signal.SIGKILL)  # the test hook: checkpoint and rows staged
                 u.commit(extra={"segment": {"case": run.key, "step": ev.step}})
             self.segments[run.key] = ev.step
             for old in ckpt_dir.glob("step-*.pt"):

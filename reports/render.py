@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.records import MANIFEST_FILE, aborted_summary
 
-from . import figures, paired, tables
+from . import figures, paired, sentences, tables, training
 
 CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
                  "Protocol: untimed warm-up then a reset of weights, optimizer and data order; "
@@ -46,6 +46,7 @@ COLUMN_STYLE = {
     "tokens_per_s": ("tokens/s", "{:,.0f}"), "model_gflop": ("model GFLOP/step", "{:.3f}"),
     "model_tflops": ("model TFLOP/s", "{:.3f}"), "device_name": ("device name", None),
     "peak_tflops": ("peak BF16 TFLOP/s", "{:.0f}"), "mfu_pct": ("MFU (%)", "{:.2f}"),
+    "train_time": ("training clock (s)", "{:.1f}"),
 }
 COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
 #: Case columns that, when equal in every row, move into a sentence above the table.
@@ -199,6 +200,57 @@ def _title(df: pd.DataFrame, env: pd.DataFrame, run_dirs: list[Path]) -> str:
             f" — run {', '.join(runs)}")
 
 
+#: Captions of the training figures; each says what its band, points and intervals are.
+TRAINING_CAPTIONS = {
+    "loss_curves": "Validation loss vs tokens seen and vs the training clock: per router the "
+                   "mean over seeds (line) and the min–max over seeds (band; on the clock panel "
+                   "each seed interpolated on a common grid up to the shortest run); diverged "
+                   "runs dotted, each alone, out of the band; the pilot dashed; the target loss "
+                   "dash-dotted.",
+    "time_to_target": "Time to target, router / baseline, per seed (dots) with the geometric "
+                      "mean and its t-interval (black diamond); open triangles are bounds of "
+                      "pairs where one run did not converge, left out of the interval.",
+    "decomposition": "Time-to-target ratio = steps ratio × time-per-step ratio: geometric means "
+                     "over the pairs where both runs reached the target, each with its own "
+                     "t-interval; a line at 1.",
+}
+
+
+def _training_blocks(df: pd.DataFrame, figs: dict[str, Path | None]) -> list:
+    """The training race: sentences, the comparison table, the figures, the per-run table (pilot
+    rows marked), a line counting what did not converge or diverged."""
+    runs = training.runs_table(df)
+    if runs.empty:
+        blocks = [("text", "No training rows (mode train or pilot) in these runs.")]
+        return blocks + [_figure_block(figs.get(n), n, TRAINING_CAPTIONS[n])
+                         for n in TRAINING_CAPTIONS]
+    blocks = []
+    smoke = training.smoke_runs(df)
+    if smoke:  # one seed per router (the race of `routerbench run`): no interval, no test
+        blocks.append(("text", f"Smoke test (run {', '.join(smoke)}): one seed per router, so "
+                               "no interval and no test; not a result."))
+        if (training.train_rows(df)["device"] == "cpu").any():
+            blocks.append(("text", CPU_RACE_NOTE))
+    blocks.append(("text", training.METHOD))
+    table = training.comparison_table(df)
+    blocks += [("text", s) for s in sentences.training_sentences(table)]
+    blocks += _table_blocks(training.comparison_display(table),
+                            "No comparison: no router was trained beside its baseline "
+                            f"({tables.BASELINE}) in the same run and backend.",
+                            split=("run_id", "backend"))
+    blocks += [_figure_block(figs.get(n), n, TRAINING_CAPTIONS[n]) for n in TRAINING_CAPTIONS]
+    blocks.append(("subtitle", "Every run" + (" (the pilot, mode pilot, set the target loss)"
+                                              if (runs["mode"] == training.PILOT_MODE).any()
+                                              else "")))
+    blocks += _table_blocks(runs, "", drop=("router",), split=("run_id", "backend"))
+    if training.run_frame(df).groupby(["run_id", "variant"])["seed"].nunique().max() > 1:
+        blocks.append(("text", "Pooled over seeds (a run that never reached the target counts "
+                               "as slowest):"))
+        blocks += _table_blocks(tables.training_by_router(df), "")
+    blocks.append(("text", sentences.runs_sentence(runs)))
+    return blocks
+
+
 def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path | None]
                    ) -> tuple[str, list[Section]]:
     """The report's title and sections from the long frame, its run directories and its figures
@@ -249,16 +301,7 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
                 "the peak live router state.")])
     models.blocks += _table_blocks(tables.router_cost_table(df), "No router cost rows.",
                                    drop=("variant",))
-    train = Section("Training race: time to target loss", [("text", CPU_RACE_NOTE)])
-    runs = tables.training_summary(df)
-    train.blocks += _table_blocks(runs, "No training rows (mode train) in these runs.",
-                                  drop=("variant",))
-    if not runs.empty and runs["seed"].nunique() > 1:
-        train.blocks.append(("text", "Pooled over seeds (a run that never reached the target "
-                                     "counts as slowest):"))
-        train.blocks += _table_blocks(tables.training_by_router(df), "")
-    train.blocks.append(_figure_block(figs.get("loss_curves"), "loss_curves",
-                                      "Validation loss vs tokens and wall time"))
+    train = Section("Training race: time to target loss", _training_blocks(df, figs))
     fails = Section("Skipped and failed cases", _table_blocks(
         tables.failures(df), "None: every case ran (not-converged training runs are listed "
                              "above)."))
@@ -332,7 +375,9 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
     Returns:
         File name -> path of everything written: ``report.md``, ``report.html``,
         ``overhead.csv``, ``paired.csv`` (:func:`reports.paired.paired_ratio_table`, when there
-        are paired step times) and one ``<figure>.png`` per figure that had data.
+        are paired step times), ``training_runs.csv`` and ``training_comparison.csv``
+        (:mod:`reports.training`, when there are training runs) and one ``<figure>.png`` per
+        figure that had data, with ``<figure>.csv`` beside it where the figure writes its data.
 
     Raises:
         ValueError: no run directory, or several and no ``out_dir`` (``routerbench report --out``).
@@ -347,6 +392,9 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     df = tables.load_frame(paths)
+    names = {run: (m.get("environment") or {}).get("device_name") or m.get("device_name")
+             for run, m in tables.load_manifests(paths).items()}
+    df["device_name"] = [names.get(r) or d for r, d in zip(df["run_id"], df["device"])]
     written: dict[str, Path] = {}
     overhead = out / "overhead.csv"
     tables.overhead_table(df).to_csv(overhead, index=False)
@@ -357,14 +405,24 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
         written["paired.csv"] = out / "paired.csv"
     elif (out / "paired.csv").exists():
         (out / "paired.csv").unlink()  # from an earlier report whose data is no longer here
+    for name, frame in (("training_runs.csv", training.runs_table(df)),
+                        ("training_comparison.csv", training.comparison_table(df))):
+        if not frame.empty:
+            frame.to_csv(out / name, index=False)
+            written[name] = out / name
+        elif (out / name).exists():
+            (out / name).unlink()
     figs = {}
     for name, fn in {**figures.FIGURES, **paired.FIGURES}.items():
         figs[name] = fn(df, out)
-        stale = out / f"{name}.png"
-        if figs[name] is None and stale.exists():
-            stale.unlink()  # a figure of an earlier report whose data is no longer here
+        for stale in (out / f"{name}.png", out / f"{name}.csv"):
+            if figs[name] is None and stale.exists():
+                stale.unlink()  # a figure of an earlier report whose data is no longer here
         if figs[name] is not None:
             written[figs[name].name] = figs[name]
+            data = figs[name].with_suffix(".csv")
+            if data.exists():
+                written[data.name] = data
     title, sections = build_sections(df, paths, figs)
     md, page = out / "report.md", out / "report.html"
     md.write_text(render_markdown(title, sections, out), encoding="utf-8")

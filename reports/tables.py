@@ -20,6 +20,8 @@ from harness.records import COLUMNS, RECORDS_FILE, load_rows
 
 BASELINE = "prenorm"
 TRAIN_MODE = "train"
+#: Modes of the training race: measured runs and the pilot run that sets the target loss.
+TRAIN_MODES = (TRAIN_MODE, "pilot")
 FLOP_CONVENTION = "FLOP = 2·FMA, causal attention not halved, see docs/FLOPS.md"
 MIB = 2**20
 
@@ -108,8 +110,8 @@ def ok_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def cost_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the cost sweep (every mode except ``train``)."""
-    return df[df["mode"] != TRAIN_MODE]
+    """Rows of the cost sweep (every mode except ``train`` and ``pilot``)."""
+    return df[~df["mode"].isin(TRAIN_MODES)]
 
 
 def _median(df: pd.DataFrame, metric: str, keys: Iterable[str], name: str) -> pd.DataFrame:
@@ -285,7 +287,8 @@ def training_summary(df: pd.DataFrame) -> pd.DataFrame:
         ``impl`` and the shape columns, :data:`TRAIN_KEYS` + ``target_loss``, ``time_to_target`` (seconds, or the string
         ``"not converged"``/``"diverged"``; NaN when the run never wrote it), ``steps_to_target``,
         ``tokens_to_target``, ``loss_at_token_budget``, ``token_budget``, ``final_val_loss`` and
-        ``final_step`` (the last evaluation).
+        ``final_step`` (the last evaluation; NaN, like the loss at the budget, for a diverged
+        run). The full race (pilot, pairs by seed) is :mod:`reports.training`.
     """
     metrics = ("target_loss", "time_to_target", "steps_to_target", "tokens_to_target",
                "loss_at_token_budget", "token_budget")
@@ -305,6 +308,10 @@ def training_summary(df: pd.DataFrame) -> pd.DataFrame:
         if s in ("not_converged", "diverged"):
             ttt[key] = s.replace("_", " ")
     out["time_to_target"] = ttt
+    # A diverged run's last finite loss is no result (MEASUREMENT.md): never shown as one.
+    diverged = tr[(tr["metric"] == "diverged") | (tr["status"] == "diverged")]
+    dead = out.index.isin(list(diverged[list(TRAIN_KEYS)].itertuples(index=False, name=None)))
+    out.loc[dead, ["final_val_loss", "final_step", "loss_at_token_budget"]] = np.nan
     shapes = tr.groupby(list(TRAIN_KEYS), dropna=False)[["impl", *SHAPE_COLS]].first()
     out = out.join(shapes).reset_index()
     out = out.assign(_base=out["router"] != BASELINE).sort_values(["_base", "variant", "seed",

@@ -4,8 +4,8 @@
 # For a CUDA machine that has PyTorch but maybe no network: it uses the python3 (and torch) that
 # is already there, installs nothing, and runs the project from this checkout (PYTHONPATH).
 # Needs pytest, pandas, click, tqdm, tabulate; fvcore and tomli-w are optional (FLOP rows become `skipped`).
-# Budget: under 6 minutes on one GPU (one shape, 7 routers; compile only for fwd_bwd; no
-# max-autotune). Usage: bash scripts/gpu_check.sh [results-root]   (default /tmp/routerbench-gpu)
+# Budget: under 8 minutes on one GPU (one shape, 7 routers; compile only for fwd_bwd; no
+# max-autotune; then three short training runs to a target, one per backend). Usage: bash scripts/gpu_check.sh [results-root]   (default /tmp/routerbench-gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -33,6 +33,28 @@ timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-c
 echo "== sweep: compile (default mode) x fwd_bwd"
 timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-check-compile \
   --backends compile --modes fwd_bwd
+
+# Training to a target on every backend (120 steps of the cpu-train shape, 2 seeds, given target;
+# the CUDA-graph run captures forward, backward, clip and AdamW in one graph).
+train=(--preset cpu-train --max-steps 120 --seeds 2 --target-loss 3.0 --no-report --quiet --out "$OUT")
+for b in eager cudagraph compile; do
+  routers=prenorm,haares; [ "$b" = compile ] && routers=prenorm
+  echo "== train: $b ($routers)"
+  timeout 150 "$PY" -m harness.cli train "${train[@]}" --routers $routers --backend $b --run-id gpu-check-train-$b
+done
+"$PY" - "$OUT" <<'PYEOF'
+import sys
+from pathlib import Path
+from harness.records import load_rows
+rows = load_rows(sorted(Path(sys.argv[1]).glob("*/gpu-check-train-*")))
+print("backend     router   seed status         time_to_target_s  steps  train_time_s  loss@budget")
+for r in sorted((r for r in rows if r["metric"] == "time_to_target"), key=lambda r: (r["backend"], r["router"], r["seed"])):
+    get = lambda m: next((x["value"] for x in rows if x["case_key"] == r["case_key"] and x["metric"] == m), None)
+    fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"
+    print(f"{r['backend']:<11} {r['router']:<8} {r['seed']:>4} {r['status']:<14} {fmt(r['value'], '16.2f')} "
+          f"{fmt(get('steps_to_target'), '6.1f')} {fmt(get('train_time'), '13.2f')} {fmt(get('loss_at_token_budget'), '11.4f')}"
+          + (f"  {r['error']}" if r.get("error") else ""))
+PYEOF
 
 run_dirs=$(ls -d "$OUT"/*/gpu-check-graph "$OUT"/*/gpu-check-compile 2>/dev/null)
 echo "== summary: median step, overhead vs prenorm, ratio to eager, compile/capture s"

@@ -218,3 +218,21 @@ def test_the_pilot_sets_the_target_and_a_rerun_reads_it_back(tmp_path, corpus):
                                   "step": 6}
     again = CliRunner().invoke(main, base)
     assert again.exit_code == 0 and f"target: {target:.4f}" in again.output and "already done" in again.output
+
+
+def test_rows_staged_after_the_last_committed_checkpoint_go_to_aborted(tmp_path, corpus):
+    """Killed after evaluation 2's checkpoint was written and its rows staged, before the commit:
+    the resumed run goes back to evaluation 1's checkpoint, the staged rows go to aborted/, and
+    the curves equal an uninterrupted run's."""
+    extra = ["--routers", "prenorm", "--target-loss", "3.7"]
+    data = Path(corpus.path)
+    assert _cli(tmp_path, "k", extra, "kill_in_eval=2:train|prenorm|*", data).returncode == -9
+    d = _run_dir(tmp_path, "k")
+    assert sorted(p.name for p in (d / "checkpoints").rglob("*.pt")) == ["step-00000003.pt", "step-00000006.pt"]
+    resumed = _cli(tmp_path, "k", extra, None, data)
+    assert resumed.returncode == 0 and "resumed at step 3" in resumed.stdout + resumed.stderr
+    aborted = [json.loads(line) for f in (d / "aborted").glob("*.jsonl") if f.name != "index.jsonl"
+               for line in f.read_text().splitlines()]
+    assert sorted(r["metric"] for r in aborted if r["repeat"] == 6) == ["elapsed", "tokens", "train_loss", "val_loss"]
+    assert _cli(tmp_path, "w", extra, None, data).returncode == 0
+    assert curves(d) == curves(_run_dir(tmp_path, "w"))

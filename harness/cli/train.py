@@ -64,7 +64,7 @@ def pilot_target(trainer, pilot, run: Run) -> float:
 def train_cmd(config, **cli) -> None:
     """Time to a target validation loss: routers x seeds, paired by seed.
 
-    Defaults: --preset cpu-train, --routers prenorm,haares, 3 seeds, a target set by a prenorm
+    Defaults: --preset cpu-train, --routers prenorm,block_attnres,haares, 3 seeds, a target set by a prenorm
     pilot at half the step budget, the embedded corpus."""
     from dataclasses import replace
 

@@ -15,7 +15,7 @@ from .base import Labels, option
 from .parts import (NOT_IN_FILE, absolute, Output, RouterSet, Single, base_shape, preset_base, check_heads, check_router_set,
                     check_output, resolve_device, resolved_shape)
 
-DEFAULT_ROUTERS = ("prenorm", "haares")
+DEFAULT_ROUTERS = ("prenorm", "block_attnres", "haares")
 DEFAULT_PILOT = "prenorm"
 
 DEFAULT_PRESET = "cpu-train"

@@ -1,0 +1,152 @@
+"""Numbers as the report writes them, and the sentences that quote them.
+
+Every number of a generated sentence is a cell of a table formatted by the functions below, so a
+reader can find it in the table; nothing here computes a statistic. Negative numbers take a real
+minus sign (U+2212), ratios two decimals, losses three, p-values two significant digits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+MINUS = "\u2212"
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_num(x: float | None, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals and a real minus sign; "–" when missing."""
+    return "–" if _missing(x) else f"{x:.{digits}f}".replace("-", MINUS)
+
+
+def fmt_signed(x: float | None, digits: int = 3) -> str:
+    """``x`` with an explicit sign: "+0.021", "−0.021"."""
+    return "–" if _missing(x) else f"{x:+.{digits}f}".replace("-", MINUS)
+
+
+def fmt_ratio(x: float | None, digits: int = 2) -> str:
+    """A ratio: two decimals ("0.91"); two significant digits below 0.1 ("0.0043") and none
+    from 100 on ("183"), so a wide interval never reads as 0.00."""
+    if _missing(x) or 0.1 <= abs(x) < 100:
+        return fmt_num(x, digits)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.{digits}g}".replace("-", MINUS)
+
+
+def fmt_interval(lo: float | None, hi: float | None, digits: int = 2,
+                 signed: bool = False) -> str:
+    """``"[lo, hi]"`` of ratios (:func:`fmt_ratio`), or of signed differences with ``signed``;
+    empty when either end is missing (one pair has no interval)."""
+    if _missing(lo) or _missing(hi):
+        return ""
+    f = fmt_signed if signed else fmt_ratio
+    return f"[{f(lo, digits)}, {f(hi, digits)}]"
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    """A signed percentage: "−2.1 %"."""
+    return "–" if _missing(x) else f"{fmt_signed(x, digits)} %"
+
+
+def fmt_p(p: float | None) -> str:
+    """A p-value: two significant digits, "< 0.001" below that."""
+    if _missing(p):
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.2g}"
+
+
+def p_equals(p: float | None) -> str:
+    """``"p = 0.04"``, or ``"p < 0.001"``."""
+    text = fmt_p(p)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
+def fmt_seconds(x: float | None) -> str:
+    """Seconds with three significant digits at least ("6.00 s", "12.3 s", "1234 s")."""
+    return "–" if _missing(x) else (f"{x:#.3g} s" if abs(x) < 100 else f"{x:.0f} s")
+
+
+def fmt_seeds(seeds: Iterable[Any]) -> str:
+    """Seeds as ``"0, 1, 2"``."""
+    return ", ".join(str(s) for s in seeds)
+
+
+def fmt_per_seed(per_seed: Mapping[Any, Any]) -> str:
+    """Per-seed ratios in seed order: a number with two decimals, or the string of
+    :func:`harness.stats.paired_ratio` ("> 1.23", "diverged", ...)."""
+    return ", ".join(v if isinstance(v, str) else fmt_ratio(v)
+                     for _, v in sorted(per_seed.items()))
+
+
+def _seeds_word(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
+
+
+def training_sentence(row: Mapping[str, Any]) -> str:
+    """One sentence for a row of :func:`reports.training.comparison_table`.
+
+    Quotes the time-to-target ratio with its interval and seed count, its two factors (steps and
+    per-step time), the loss difference at the token budget with the perplexity change and the
+    paired t-test, and the loss difference at equal wall-clock time. With no pair a sentence
+    says which seeds were left out and why; with one pair it says there is no interval.
+    """
+    who, base = row["variant"], row["baseline"]
+    target = fmt_num(row["target_loss"], 3)
+    n = int(row["n"])
+    if n == 0:
+        head = f"{who} vs {base}: no seed reached {target} nats on both sides"
+    else:
+        ci = fmt_interval(row["time_lo"], row["time_hi"])
+        spread = (f" {ci} ({_seeds_word(n)}, {row['conf']:.0%} t-interval)" if ci
+                  else f" ({_seeds_word(n)}: no interval)")
+        head = (f"{who} reached {target} nats in {fmt_ratio(row['time_ratio'])}× the time of "
+                f"{base}{spread}: {fmt_ratio(row['steps_ratio'])}× the steps at "
+                f"{fmt_ratio(row['step_time_ratio'])}× the step time")
+    parts = [head]
+    if row.get("dropped"):
+        parts.append(f"left out: {row['dropped']}")
+    parts.append(_loss_clause(row))
+    if not _missing(row.get("t_star")) and int(row.get("wall_n") or 0) > 0:
+        wall = (f"at equal wall-clock ({fmt_seconds(row['t_star'])}) "
+                f"{fmt_signed(row['wall_diff'])} nats")
+        ci = fmt_interval(row["wall_diff_lo"], row["wall_diff_hi"], 3, signed=True)
+        wall += f" {ci} ({p_equals(row['wall_p'])})" if ci else " (1 seed: no test)"
+        parts.append(wall)
+    return "; ".join(parts) + "."
+
+
+def _loss_clause(row: Mapping[str, Any]) -> str:
+    n = int(row.get("loss_n") or 0)
+    if n == 0:
+        return "no loss at the token budget on both sides"
+    text = (f"loss at the token budget {fmt_signed(row['loss_diff'])} nats "
+            f"(perplexity {fmt_pct(row['ppl_change_pct'])}")
+    if n == 1:
+        return text + ", 1 seed: no test)"
+    return text + f", paired t {p_equals(row['loss_p'])})"
+
+
+def training_sentences(table: Any) -> list[str]:
+    """:func:`training_sentence` of every row of a comparison table (a DataFrame)."""
+    return [training_sentence(r) for r in table.to_dict("records")]
+
+
+def runs_sentence(runs: Any) -> str:
+    """How many runs of :func:`reports.training.runs_table` reached the target, and which did
+    not (not converged, diverged, failed, skipped), by router and seed."""
+    measured = runs[runs["mode"] == "train"]
+    pilots = int((runs["mode"] == "pilot").sum())
+    text = (f"Runs: {len(measured)} measured" + (f" and {pilots} pilot" + ("s" if pilots != 1
+                                                                          else "")
+                                                if pilots else "")
+            + f"; {int((measured['status'] == 'ok').sum())} reached the target")
+    for status in ("not converged", "diverged", "error", "skipped", "incomplete"):
+        bad = measured[measured["status"] == status]
+        if len(bad):
+            who = ", ".join(f"{r.variant} seed {r.seed}"
+                            + (f" [{r.backend}]" if runs["backend"].nunique() > 1 else "")
+                            for r in bad.itertuples(index=False))
+            text += f"; {len(bad)} {status} ({who})"
+    return text + "."

@@ -1,0 +1,456 @@
+"""The training race: time to target loss, paired by seed (MEASUREMENT.md, "Time to target").
+
+From the rows of ``routerbench train`` (mode ``train``: measured runs; mode ``pilot``: the baseline
+run, with its own seed, that set the target loss) this module builds
+
+- :func:`runs_table`: one row per run, with its verdict (ok, not converged, diverged, error,
+  skipped);
+- :func:`comparison_table`: each router against its baselines (:func:`baselines_for`), paired by
+  seed within one run and backend: the time-to-target ratio and its two factors (steps, time per
+  step) from :func:`harness.stats.decompose`, the loss at the token budget (paired t-test) and the
+  loss at equal wall-clock time;
+- :func:`sentences`: one sentence per comparison (:mod:`reports.sentences`).
+
+A diverged run enters every comparison as ``diverged``: no loss of it (not even its last finite
+one) is ever a result. Every statistic is :mod:`harness.stats`'s; this module only pairs the runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from harness import stats
+
+from . import sentences as say
+from .tables import BACKEND_ORDER, BASELINE, TRAIN_MODE, TRAIN_MODES
+
+PILOT_MODE = "pilot"
+#: The detail routers, compared also against Block AttnRes as their papers do.
+DETAIL_ROUTERS = ("haares", "wav_v1")
+PAPER_BASELINE = "block_attnres"
+#: What makes one training run.
+RUN_KEYS = ("run_id", "backend", "mode", "router", "variant", "seed", "case_key")
+#: Run-level metrics read from the rows without a ``repeat``.
+RUN_METRICS = ("target_loss", "token_budget", "step_budget", "train_time", "time_to_target",
+               "steps_to_target", "tokens_to_target", "time_to_target_eval",
+               "steps_to_target_eval", "loss_at_token_budget", "target_step")
+#: Per-evaluation metrics (``repeat`` = optimizer step).
+EVAL_METRICS = ("val_loss", "elapsed", "tokens", "train_loss")
+
+RUNS_COLUMNS = ["run_id", "backend", "mode", "router", "variant", "seed", "status",
+                "time_to_target", "steps_to_target", "loss_at_token_budget", "train_time",
+                "target_loss", "note"]
+COMPARISON_COLUMNS = [
+    "run_id", "backend", "router", "variant", "baseline", "target_loss", "conf", "seeds", "n",
+    "censored", "diverged", "missing", "dropped",
+    "time_ratio", "time_lo", "time_hi", "time_per_seed",
+    "steps_ratio", "steps_lo", "steps_hi", "steps_per_seed",
+    "step_time_ratio", "step_time_lo", "step_time_hi",
+    "loss_n", "loss_router", "loss_base", "loss_diff", "loss_diff_lo", "loss_diff_hi",
+    "ppl_change_pct", "loss_p", "loss_welch_p",
+    "t_star", "wall_n", "wall_loss_router", "wall_loss_base", "wall_diff", "wall_diff_lo",
+    "wall_diff_hi", "wall_p"]
+POINT_COLUMNS = ["run_id", "backend", "variant", "baseline", "quantity", "seed", "kind", "ratio"]
+CURVE_COLUMNS = ["run_id", "backend", "mode", "router", "variant", "seed", "status", "step",
+                 "tokens", "elapsed", "val_loss"]
+
+METHOD = ("Protocol (MEASUREMENT.md): untimed warm-up, then weights, optimizer and data order "
+          "reset; validation on fixed batches every few steps, off the clock; the crossing of the "
+          "target is interpolated linearly between the two evaluations around it. Runs are paired "
+          "by seed (same data order and initial weights): ratio = router / baseline per seed, "
+          f"geometric mean with a {stats.CONF:.0%} t-interval on the log ratios (n − 1 degrees "
+          "of freedom); time ratio = steps ratio × step-time ratio. A run that never reached the "
+          "target is a bound (\"> x\": the ratio is at least x), counted and left out of the "
+          "interval; a diverged run is never a value. Loss at the token budget: paired t-test "
+          "(Welch's p beside it, secondary). Loss at equal wall-clock: each run's validation loss "
+          "interpolated at T* = the smallest median training time over the routers of the run.")
+
+
+def train_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of training runs and pilots (modes ``train`` and ``pilot``)."""
+    return df[df["mode"].isin(TRAIN_MODES)]
+
+
+def baselines_for(routers: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Each router's baselines among ``routers``: ``prenorm`` for all but itself; for the detail
+    routers (``haares``, ``wav_v1``) also ``block_attnres`` when it was trained too, the
+    comparison of their papers."""
+    routers = set(routers)
+    out = {}
+    for r in sorted(routers):
+        bases = (BASELINE,) if BASELINE in routers and r != BASELINE else ()
+        if r in DETAIL_ROUTERS and PAPER_BASELINE in routers:
+            bases += (PAPER_BASELINE,)
+        out[r] = bases
+    return out
+
+
+# --- one row per run ------------------------------------------------------------------------
+
+
+def _verdict(g: pd.DataFrame, mode: str) -> tuple[str, str]:
+    """(status, reason) of one run from all its rows."""
+    def reason(rows: pd.DataFrame) -> str:
+        return next((e for e in rows["error"] if e), "")
+
+    div = g[(g["metric"] == "diverged") | (g["status"] == "diverged")]
+    if len(div):
+        at = div["repeat"].dropna()
+        return "diverged", reason(div) or (f"diverged at step {int(at.iloc[0])}" if len(at)
+                                           else "diverged")
+    # A failed or skipped run says so on its verdict row (time_to_target); other rows may be
+    # skipped on purpose (loss_at_token_budget of a run stopped at its target). A pilot has no
+    # verdict row: any failed row fails it.
+    ttt = g[(g["metric"] == "time_to_target") & g["repeat"].isna()]
+    verdict = g if mode == PILOT_MODE else ttt
+    for status, label in (("error", "error"), ("oom", "error"), ("skipped", "skipped")):
+        bad = verdict[verdict["status"] == status]
+        if len(bad):
+            return label, (("out of memory: " if status == "oom" else "") + reason(bad)).strip()
+    if (ttt["status"] == "not_converged").any():
+        return "not converged", reason(ttt[ttt["status"] == "not_converged"])
+    if ((ttt["status"] == "ok") & ttt["value"].notna()).any():
+        return "ok", ""
+    if mode == PILOT_MODE and ((g["metric"] == "target_loss") & (g["status"] == "ok")).any():
+        step = g.loc[(g["metric"] == "target_step") & g["value"].notna(), "value"]
+        return "ok", "pilot: set the target" + (f" at step {step.iloc[-1]:g}" if len(step) else "")
+    return "incomplete", "no verdict row (time_to_target) recorded"
+
+
+def run_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per training run with every recorded number (internal form of :func:`runs_table`).
+
+    Returns:
+        :data:`RUN_KEYS`, ``status``, ``note``, the :data:`RUN_METRICS` (NaN when absent: old
+        records have no ``train_time`` or ``step_budget``), ``last_step`` and ``last_elapsed``
+        (the last evaluation) and ``clock_end`` (``train_time``, else ``last_elapsed``). A
+        diverged run's ``time_to_target``, ``steps_to_target``, ``tokens_to_target`` and
+        ``loss_at_token_budget`` are NaN whatever its rows say.
+    """
+    keys = list(RUN_KEYS)
+    cols = [*keys, "status", "note", *RUN_METRICS, "last_step", "last_elapsed", "clock_end"]
+    tr = train_rows(df)
+    if tr.empty:
+        return pd.DataFrame(columns=cols)
+    ok = tr[(tr["status"] == "ok") & tr["value"].notna()]
+    level = ok[ok["repeat"].isna() & ok["metric"].isin(RUN_METRICS)]
+    out = tr[keys].drop_duplicates().set_index(keys)
+    if len(level):
+        out = out.join(level.groupby([*keys, "metric"], dropna=False)["value"].last()
+                       .unstack("metric"))
+    evals = ok[ok["repeat"].notna() & (ok["metric"] == "val_loss")]
+    out = out.join(evals.groupby(keys, dropna=False)["repeat"].max().rename("last_step"))
+    el = ok[ok["repeat"].notna() & (ok["metric"] == "elapsed")].sort_values("repeat")
+    out = out.join(el.groupby(keys, dropna=False)["value"].last().rename("last_elapsed"))
+    verdicts = {k: _verdict(g, k[2]) for k, g in tr.groupby(keys, dropna=False, sort=False)}
+    out["status"] = [verdicts[k][0] for k in out.index]
+    out["note"] = [verdicts[k][1] for k in out.index]
+    out = out.reindex(columns=[c for c in cols if c not in keys]).reset_index()
+    for c in [*RUN_METRICS, "last_step", "last_elapsed"]:
+        out[c] = out[c].astype(float)
+    out["clock_end"] = out["train_time"].fillna(out["last_elapsed"])
+    dead = out["status"] == "diverged"
+    out.loc[dead, ["time_to_target", "steps_to_target", "tokens_to_target",
+                   "loss_at_token_budget"]] = np.nan
+    rank = {b: i for i, b in enumerate(BACKEND_ORDER)}
+    out = out.assign(_b=out["backend"].map(rank).fillna(len(rank)),
+                     _m=out["mode"] != PILOT_MODE, _base=out["router"] != BASELINE)
+    out = out.sort_values(["run_id", "_b", "backend", "_m", "_base", "variant", "seed"],
+                          kind="stable")
+    return out[cols].reset_index(drop=True)
+
+
+def runs_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per training run and pilot.
+
+    Args:
+        df: a frame of :func:`reports.tables.load_frame`.
+
+    Returns:
+        :data:`RUNS_COLUMNS`: ``mode`` (``train`` or ``pilot``), ``status`` (``ok``, ``not
+        converged``, ``diverged``, ``error``, ``skipped``, or ``incomplete`` for a run without a
+        verdict row), ``time_to_target`` (s), ``steps_to_target``, ``loss_at_token_budget``
+        (nats), ``train_time`` (s, the clock at the last evaluation), ``target_loss`` (nats),
+        ``note`` (why a run failed, did not converge or diverged; where a pilot set the target).
+        Pilot first, then the baseline, within each run and backend.
+    """
+    return run_frame(df)[RUNS_COLUMNS]
+
+
+def curves(df: pd.DataFrame) -> pd.DataFrame:
+    """The evaluation curves of every run: :data:`CURVE_COLUMNS`, one row per evaluation
+    (``step`` = optimizer step), with the run's ``status`` so a diverged run can be drawn apart."""
+    tr = train_rows(df)
+    tr = tr[(tr["status"] == "ok") & tr["value"].notna() & tr["repeat"].notna()
+            & tr["metric"].isin(["val_loss", "elapsed", "tokens"])]
+    if tr.empty:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    keys = list(RUN_KEYS)
+    wide = (tr.groupby([*keys, "repeat", "metric"], dropna=False)["value"].last()
+            .unstack("metric").reset_index().rename(columns={"repeat": "step"}))
+    if "val_loss" not in wide:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    wide = wide.reindex(columns=[*keys, "step", "tokens", "elapsed", "val_loss"])
+    status = run_frame(df)[keys + ["status"]]
+    wide = wide.merge(status, on=keys, how="left")
+    wide = wide[wide["val_loss"].notna()].sort_values([*keys, "step"], kind="stable")
+    return wide[CURVE_COLUMNS].reset_index(drop=True)
+
+
+# --- pairs ----------------------------------------------------------------------------------
+
+
+def _obs(r: pd.Series, value: str, bound: str) -> stats.Obs:
+    """One run as one side of a pair: its ``value`` column, or a bound (``bound`` column) when it
+    did not converge. A run that failed, was skipped or has no verdict is ``missing``; so is a
+    not-converged run without a bound (old records without any clock)."""
+    if r["status"] == "diverged":
+        return stats.Obs(None, "diverged")
+    if r["status"] == "not converged" and np.isfinite(r[bound]):
+        return stats.Obs(None, "not_converged", bound=float(r[bound]))
+    if r["status"] == "ok" and np.isfinite(r[value]):
+        return stats.Obs(float(r[value]))
+    return stats.Obs(None, "missing")
+
+
+def _by_seed(runs: pd.DataFrame) -> dict[int, pd.Series]:
+    return {int(r["seed"]): r for _, r in runs.iterrows()}
+
+
+def _wall_loss(curve: pd.DataFrame, t_star: float) -> float:
+    c = curve.dropna(subset=["elapsed"]).sort_values("step")
+    return stats.value_at(c["elapsed"].to_numpy(), c["val_loss"].to_numpy(), t_star)
+
+
+def _t_star(measured: pd.DataFrame) -> float:
+    """T* of one run and backend: the smallest median clock (``train_time``, else the last
+    evaluation's) over its routers, diverged and failed runs left out."""
+    alive = measured[measured["status"].isin(["ok", "not converged"])]
+    med = alive.groupby("variant")["clock_end"].median().dropna()
+    return float(med.min()) if len(med) else math.nan
+
+
+def _pairs(df: pd.DataFrame) -> Iterator[dict]:
+    """Each (run, backend, router variant, baseline variant) of the measured runs, with the runs of
+    both sides by seed, their curves and T*."""
+    runs = run_frame(df)
+    measured = runs[runs["mode"] == TRAIN_MODE]
+    if measured.empty:
+        return
+    curve = curves(df)
+    for (run_id, backend), g in measured.groupby(["run_id", "backend"], sort=False):
+        t_star = _t_star(g)
+        bases = baselines_for(g["router"].unique())
+        variants = g[["router", "variant"]].drop_duplicates()  # already in report order
+        c = curve[(curve["run_id"] == run_id) & (curve["backend"] == backend)
+                  & (curve["mode"] == TRAIN_MODE)]
+        for router, variant in variants.itertuples(index=False):
+            for base in bases.get(router, ()):
+                for bvariant in variants.loc[variants["router"] == base, "variant"]:
+                    yield {"run_id": run_id, "backend": backend, "router": router,
+                           "variant": variant, "baseline": bvariant, "t_star": t_star,
+                           "treat": _by_seed(g[g["variant"] == variant]),
+                           "base": _by_seed(g[g["variant"] == bvariant]),
+                           "treat_curves": c[c["variant"] == variant],
+                           "base_curves": c[c["variant"] == bvariant]}
+
+
+def _dropped(p: dict, per_seed: dict) -> str:
+    """Which seeds were left out of the time interval and why, e.g. ``"seed 2: haares not
+    converged (> 1.2)"``."""
+    notes = []
+    for seed, entry in per_seed.items():
+        if not isinstance(entry, str):
+            continue
+        why = [f"{name} {side[seed]['status'] if seed in side else 'absent'}"
+               for name, side in ((p["variant"], p["treat"]), (p["baseline"], p["base"]))
+               if seed not in side or side[seed]["status"] != "ok"]
+        bound = f" ({entry})" if entry[:1] in "<>" else ""
+        notes.append(f"seed {seed}: {', '.join(why) or 'incomplete record'}{bound}")
+    return "; ".join(notes)
+
+
+def _loss_test(treat: dict[int, float], base: dict[int, float], conf: float) -> dict:
+    t = stats.paired_t(treat, base, conf)
+    ppl = stats.perplexity_change(t.mean_treat, t.mean_base) if t.n else math.nan
+    return {"n": t.n, "treat": t.mean_treat, "base": t.mean_base, "diff": t.mean_diff,
+            "lo": t.lo, "hi": t.hi, "p": t.p, "welch_p": t.welch_p, "ppl": ppl}
+
+
+#: Per quantity: the column of a run that reached the target, and of the bound when it did not.
+_QUANTITIES = {"time": ("time_to_target", "clock_end"), "steps": ("steps_to_target", "step_budget")}
+#: Runs whose losses are results: a not-converged run's loss is one, a diverged run's never.
+_LIVE = ("ok", "not converged")
+
+
+def _side(runs: dict[int, pd.Series], quantity: str) -> dict[int, stats.Obs]:
+    """One side of a pair, seed -> :class:`harness.stats.Obs` of ``time`` or ``steps``."""
+    value, bound = _QUANTITIES[quantity]
+    out = {}
+    for seed, r in runs.items():
+        if bound == "step_budget" and not np.isfinite(r["step_budget"]):
+            r = r.copy()
+            r["step_budget"] = r["last_step"]  # old records: the last evaluation
+        out[seed] = _obs(r, value, bound)
+    return out
+
+
+def _losses_at_budget(runs: dict[int, pd.Series]) -> dict[int, float]:
+    return {s: float(r["loss_at_token_budget"]) for s, r in runs.items()
+            if r["status"] in _LIVE and np.isfinite(r["loss_at_token_budget"])}
+
+
+def _losses_at(runs: dict[int, pd.Series], curve: pd.DataFrame, t_star: float
+               ) -> dict[int, float]:
+    """Each live run's validation loss at T* on its own clock (none outside its curve)."""
+    if not np.isfinite(t_star):
+        return {}
+    out = {s: _wall_loss(curve[curve["seed"] == s], t_star) for s, r in runs.items()
+           if r["status"] in _LIVE}
+    return {s: v for s, v in out.items() if np.isfinite(v)}
+
+
+def comparison_table(df: pd.DataFrame, conf: float = stats.CONF) -> pd.DataFrame:
+    """Each router against each of its baselines (:func:`baselines_for`), paired by seed.
+
+    Pairs are made only within one ``run_id`` and backend, from the measured runs (mode
+    ``train``; the pilot has its own seed and is never paired).
+
+    Args:
+        df: a frame of :func:`reports.tables.load_frame`.
+        conf: coverage of every interval.
+
+    Returns:
+        :data:`COMPARISON_COLUMNS`, one row per (run, backend, variant, baseline variant):
+
+        - ``seeds`` (the seeds of either side, ``"0, 1, 2"``), ``n`` (pairs in the interval),
+          ``censored``, ``diverged``, ``missing`` (pairs left out, :class:`harness.stats.
+          RatioSummary`) and ``dropped`` (which, and why);
+        - ``time_ratio`` (geometric mean of router/baseline time to target) with ``time_lo``,
+          ``time_hi`` and ``time_per_seed`` (``"0.91, 0.88, > 1.2"``, seed order, bounds for
+          not-converged pairs); ``steps_*`` the same for steps; ``step_time_*`` for time per step
+          (:func:`harness.stats.decompose`);
+        - ``loss_*``: the loss at the token budget, means of router and baseline, their paired
+          difference with its interval, ``ppl_change_pct`` (perplexity change, %), ``loss_p``
+          (paired t) and ``loss_welch_p``; ``loss_n`` seeds with a loss on both sides;
+        - ``t_star`` (s) and ``wall_*``: the validation loss interpolated at T* on each run's
+          clock, paired the same way.
+    """
+    rows = []
+    for p in _pairs(df):
+        dec = stats.decompose(_side(p["treat"], "time"), _side(p["treat"], "steps"),
+                              _side(p["base"], "time"), _side(p["base"], "steps"), conf)
+        loss = _loss_test(_losses_at_budget(p["treat"]), _losses_at_budget(p["base"]), conf)
+        wall = _loss_test(_losses_at(p["treat"], p["treat_curves"], p["t_star"]),
+                          _losses_at(p["base"], p["base_curves"], p["t_star"]), conf)
+        targets = pd.Series([r["target_loss"] for r in [*p["treat"].values(),
+                                                          *p["base"].values()]], dtype=float)
+        t = dec.time
+        rows.append({
+            "run_id": p["run_id"], "backend": p["backend"], "router": p["router"],
+            "variant": p["variant"], "baseline": p["baseline"],
+            "target_loss": targets.median(), "conf": conf,
+            "seeds": say.fmt_seeds(t.per_seed), "n": t.n, "censored": t.censored,
+            "diverged": t.diverged, "missing": t.missing, "dropped": _dropped(p, t.per_seed),
+            "time_ratio": t.gmean, "time_lo": t.lo, "time_hi": t.hi,
+            "time_per_seed": say.fmt_per_seed(t.per_seed),
+            "steps_ratio": dec.steps.gmean, "steps_lo": dec.steps.lo, "steps_hi": dec.steps.hi,
+            "steps_per_seed": say.fmt_per_seed(dec.steps.per_seed),
+            "step_time_ratio": dec.step_time.gmean, "step_time_lo": dec.step_time.lo,
+            "step_time_hi": dec.step_time.hi,
+            "loss_n": loss["n"], "loss_router": loss["treat"], "loss_base": loss["base"],
+            "loss_diff": loss["diff"], "loss_diff_lo": loss["lo"], "loss_diff_hi": loss["hi"],
+            "ppl_change_pct": loss["ppl"], "loss_p": loss["p"], "loss_welch_p": loss["welch_p"],
+            "t_star": p["t_star"], "wall_n": wall["n"], "wall_loss_router": wall["treat"],
+            "wall_loss_base": wall["base"], "wall_diff": wall["diff"],
+            "wall_diff_lo": wall["lo"], "wall_diff_hi": wall["hi"], "wall_p": wall["p"]})
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def ratio_points(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-seed ratios of every comparison as numbers, for figures.
+
+    Returns:
+        :data:`POINT_COLUMNS`: ``quantity`` (``time`` or ``steps``), ``kind`` ``"="`` (both
+        reached the target: the ratio of :func:`harness.stats.paired_ratio`), ``">"`` (the router
+        did not converge: ``ratio`` = its bound / the baseline's value, a lower bound) or ``"<"``
+        (the baseline did not: an upper bound). Pairs with a diverged, missing or twice-censored
+        side give no point.
+    """
+    rows = []
+    for p in _pairs(df):
+        for quantity in _QUANTITIES:
+            treat, base = _side(p["treat"], quantity), _side(p["base"], quantity)
+            for seed in sorted(set(treat) & set(base)):
+                t, b = treat[seed], base[seed]
+                if (t.status, b.status) == ("ok", "ok"):
+                    kind, ratio = "=", t.value / b.value
+                elif (t.status, b.status) == ("not_converged", "ok"):
+                    kind, ratio = ">", t.bound / b.value
+                elif (t.status, b.status) == ("ok", "not_converged"):
+                    kind, ratio = "<", t.value / b.bound
+                else:
+                    continue
+                rows.append({"run_id": p["run_id"], "backend": p["backend"],
+                             "variant": p["variant"], "baseline": p["baseline"],
+                             "quantity": quantity, "seed": seed, "kind": kind, "ratio": ratio})
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)
+
+
+# --- words ----------------------------------------------------------------------------------
+
+
+def sentences(df: pd.DataFrame, conf: float = stats.CONF) -> list[str]:
+    """One sentence per row of :func:`comparison_table`, quoting only its numbers."""
+    return say.training_sentences(comparison_table(df, conf))
+
+
+def smoke_runs(df: pd.DataFrame) -> list[str]:
+    """Runs whose race is a smoke test: every router trained with a single seed.
+
+    The rule is the seed count, not the command that wrote the rows: one seed gives no interval
+    and no test whichever command ran it (``routerbench run``'s race always has one seed), while
+    MEASUREMENT.md asks for at least three.
+    """
+    runs = run_frame(df)
+    measured = runs[runs["mode"] == TRAIN_MODE]
+    seeds = measured.groupby(["run_id", "variant"])["seed"].nunique()
+    return sorted(run for run, s in seeds.groupby(level="run_id") if s.max() <= 1)
+
+
+def comparison_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`comparison_table` as report cells: each estimate with its interval in one cell."""
+    if table.empty:
+        return pd.DataFrame(columns=["run_id", "backend"])
+
+    def est(v, lo, hi, fmt=say.fmt_ratio, digits=2, signed=False):
+        ci = say.fmt_interval(lo, hi, digits, signed)
+        return f"{fmt(v)} {ci}".strip()
+
+    rows = []
+    for r in table.to_dict("records"):
+        rows.append({
+            "run_id": r["run_id"], "backend": r["backend"], "router": r["variant"],
+            "baseline": r["baseline"], "target (nats)": say.fmt_num(r["target_loss"], 3),
+            "seeds": r["seeds"], "pairs (n)": r["n"], "censored": r["censored"],
+            "diverged": r["diverged"],
+            f"time ratio [{r['conf']:.0%} CI]": est(r["time_ratio"], r["time_lo"], r["time_hi"]),
+            "time ratio per seed": r["time_per_seed"],
+            "steps ratio": est(r["steps_ratio"], r["steps_lo"], r["steps_hi"]),
+            "step-time ratio": est(r["step_time_ratio"], r["step_time_lo"], r["step_time_hi"]),
+            "loss at budget router / baseline (nats)":
+                f"{say.fmt_num(r['loss_router'], 4)} / {say.fmt_num(r['loss_base'], 4)}",
+            "Δ loss at budget (nats)": est(r["loss_diff"], r["loss_diff_lo"], r["loss_diff_hi"],
+                                           say.fmt_signed, 3, True),
+            "perplexity": say.fmt_pct(r["ppl_change_pct"]),
+            "p (paired t)": say.fmt_p(r["loss_p"]), "p (Welch)": say.fmt_p(r["loss_welch_p"]),
+            "T*": say.fmt_seconds(r["t_star"]),
+            "Δ loss at T* (nats)": est(r["wall_diff"], r["wall_diff_lo"], r["wall_diff_hi"],
+                                       say.fmt_signed, 3, True),
+            "p at T*": say.fmt_p(r["wall_p"]),
+            "left out": r["dropped"]})
+    return pd.DataFrame(rows)
