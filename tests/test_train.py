@@ -178,6 +178,9 @@ def test_a_killed_run_resumes_to_the_losses_of_an_uninterrupted_one(tmp_path, co
     assert killed.returncode == -9, killed.stderr[-2000:]
     d = _run_dir(tmp_path, "k")
     assert list((d / "checkpoints").rglob("step-00000006.pt"))  # the checkpoint of evaluation 2
+    status = CliRunner().invoke(main, ["status", str(d)]).output
+    assert "training:  train prenorm seed 0 at step 6: resumes from its checkpoint" in status
+    assert "resume:    " in status and "train --config" in status and "--run-id k" in status
     resumed = _cli(tmp_path, "k", extra, None, data)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "prenorm seed 0: resumed at step 6" in resumed.stdout + resumed.stderr

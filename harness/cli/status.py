@@ -10,7 +10,7 @@ import click
 from routers.errors import ConfigError
 
 from ..records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
-                       completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl)
+                       completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl, units)
 from ..spec import ProfileSpec, RunSpec, TrainSpec, load
 from ..spec.base import tomllib
 from .common import resume_command
@@ -30,7 +30,8 @@ def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]
         n_train = len(spec.race_routers()) if spec.race.train else 0
         return [c.key for c in spec.cases()], n_train
     if command == "train":
-        return [], len(spec.routers.routers) * spec.training.seeds
+        pilot = 1 if spec.training.target_from_pilot else 0
+        return [], len(spec.routers.routers) * spec.training.seeds + pilot
     return [spec.case().key], 0
 
 
@@ -56,7 +57,7 @@ def status_cmd(run_dir) -> None:
     statuses = Counter(done.values())
     if keys is not None:
         cost_done = sum(1 for k in keys if k in done)
-        train_done = sum(1 for k in done if k.startswith("train|"))
+        train_done = sum(1 for k in done if k.startswith(("train|", "pilot|")))
         total, n_done = len(keys) + n_train, cost_done + min(train_done, n_train)
         click.echo(f"cases:     {n_done} of {total} done, {total - n_done} left"
                    + (f" ({len(keys)} cost cases, {n_train} training runs)" if n_train else ""))
@@ -64,6 +65,15 @@ def status_cmd(run_dir) -> None:
         total, n_done = None, len(done)
         click.echo(f"cases:     {n_done} done (the spec cannot be resolved on this machine to count the rest)")
     click.echo("statuses:  " + (", ".join(f"{s} {n}" for s, n in sorted(statuses.items())) or "none yet"))
+    steps: dict[str, int] = {}
+    for m in units(d):  # training runs with evaluations committed but no verdict yet
+        seg = m.get("segment")
+        if seg and seg["case"] not in done:
+            steps[seg["case"]] = seg["step"]
+    for key, step in steps.items():
+        mode, router, *_ = key.split("|")
+        seed = key.split("|")[-2]
+        click.echo(f"training:  {mode} {router} seed {seed} at step {step}: resumes from its checkpoint")
     ab = aborted_summary(d)
     click.echo(f"aborted:   {ab['units']} unit(s), {ab['rows']} row(s) in {d / ABORTED_DIR}")
     index = read_jsonl(d / ABORTED_DIR / "index.jsonl")

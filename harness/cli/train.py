@@ -91,11 +91,13 @@ def train_cmd(config, **cli) -> None:
     target = ({"source": "given", "value": tr.target_loss} if pilot is None else
               {"source": "pilot", "router": pilot.router, "seed": PILOT_SEED, "fraction": tr.pilot_fraction,
                "step": pilot.stop_step})
-    run.manifest({"corpus": corpus_info(corpus), "runs": len(runs), "seeds": seeds, "target": target,
+    n_runs = len(runs) + (1 if pilot else 0)
+    run.manifest({"corpus": corpus_info(corpus), "runs": n_runs, "seeds": seeds, "target": target,
                   "schedule": sched, "chunk": tr.chunk, "backend": tc.backend, "precision": tc.precision,
                   "grad_accum": tc.grad_accum, "eval_every": tc.eval_every,
                   "time_to_target": TIME_TO_TARGET_METHOD})
-    run.announce(f"  ({len(runs)} runs, {len(seeds)} seeds, schedule {sched['schedule']})")
+    run.announce(f"  ({len(runs)} run{'s' * (len(runs) != 1)}{' and a pilot' if pilot else ''}, "
+                 f"{len(seeds)} seed{'s' * (len(seeds) != 1)}, schedule {sched['schedule']})")
     click.echo(f"schedule: {sched['schedule']} ({sched['reason']})")
     keys = [k for *_, k in runs] + ([pilot.key] if pilot else [])
     trainer = Trainer(run.writer, run.dir, run.device, spec.output.quiet)
