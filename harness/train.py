@@ -272,7 +272,8 @@ class TrainRun:
         torch.manual_seed(self.seed)
         self.model = Decoder(self.cfg, self.router, self.options, init_seed=self.seed).to(dev)
         self.model.train()
-        self.initial = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # The seeded initial state, kept on the host so it costs no device memory.
+        self.initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         self.val = fixed_val_batches(self.corpus.val, self.cfg.batch_size, self.cfg.seq_len, tc.eval_batches)
         capturable = tc.backend == "cudagraph"
         self.lr = torch.tensor(tc.lr, device=dev) if capturable else tc.lr
@@ -556,4 +557,4 @@ class TrainRun:
 
     def release(self) -> None:
         """Drop the model and optimizer (a finished run in an interleaved group)."""
-        self.model = self.fwd = self.opt = self.graphed = None
+        self.model = self.fwd = self.opt = self.graphed = self.initial = self.val = None

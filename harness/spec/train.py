@@ -74,7 +74,9 @@ class TrainSpec:
         """Check every option and fill in defaults.
 
         Raises:
-            ConfigError: no target, the ``router_only`` workload, a bad shape or router option, a
+            ConfigError: a target given together with a pilot (or a pilot fraction), a dtype other
+                than float32 (training uses ``--precision``), the ``router_only`` workload, a bad
+                shape, router option or pilot router, ``--grad-accum`` not dividing the batch, a
                 corpus that cannot be read or whose validation split is shorter than a sequence.
         """
         s, tr, out = self.shape, self.training, self.output
