@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -95,9 +96,10 @@ def choose_schedule(schedule: str, group: list[TrainRun], device: torch.device) 
     fits = need <= MEMORY_FRACTION * free
     chosen = schedule if schedule != "auto" else ("interleaved" if fits else "sequential")
     gib = 2 ** 30
-    reason = (f"{'requested' if schedule != 'auto' else 'auto'}: the {len(group)} runs of a seed need an "
-              f"estimated {need / gib:.2f} GiB together, {free / gib:.1f} GiB free on {device} "
-              f"({'fits' if fits else 'does not fit'} in {MEMORY_FRACTION:.0%} of it)")
+    runs = f"the {len(group)} runs of a seed need" if len(group) != 1 else "the run of a seed needs"
+    estimate = f"{runs} an estimated {need / gib:.2f} GiB together, {free / gib:.1f} GiB free on {device}"
+    reason = (f"requested; {estimate}" if schedule != "auto" else
+              f"auto: {estimate} ({'fits' if fits else 'does not fit'} in {MEMORY_FRACTION:.0%} of it)")
     return {"schedule": chosen, "requested": schedule, "estimate_bytes": per_run, "group_bytes": need,
             "available_bytes": free, "fraction": MEMORY_FRACTION, "reason": reason}
 
@@ -207,6 +209,8 @@ class Trainer:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             message = f"{type(exc).__name__}: {first}"
         with self.writer.unit([run.key], kind="train") as u:
+            if run.mode == "train" and run.tc.target_loss is not None:
+                u.write(**run.cols, metric="target_loss", value=run.tc.target_loss, unit="nats")
             u.write(**run.cols, metric="time_to_target", unit="s", status=status, error=message)
             u.commit({run.key: status})
         run.release()
@@ -233,7 +237,8 @@ class Trainer:
                 names = ", ".join(f"{r.router} seed {r.seed}" for r in group)
                 active = [r for r in group if self.start(r)]
                 self.bar = tqdm(total=sum(r.stop_step for r in active), initial=sum(r.step for r in active),
-                                desc=f"{self.label} {names}"[:60], unit="step", disable=self.quiet or not active,
+                                desc=f"{self.label} {names}"[:60], unit="step",
+                                disable=self.quiet or not active or not sys.stderr.isatty(),
                                 leave=False)
                 self._shown = {r.key: r.step for r in active}
                 try:

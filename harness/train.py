@@ -40,6 +40,7 @@ import os
 import random
 import signal
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -63,6 +64,9 @@ from .timing import synchronize
 DIVERGENCE_MARGIN = 1.0
 #: Seed of the i-th pilot run (never a measured seed).
 PILOT_SEED = 10000
+#: The baseline every router is compared with (reports/training.py adds block_attnres for the
+#: detail routers).
+BASELINE = "prenorm"
 PRECISIONS = ("fp32", "bf16-mixed")
 TRAIN_BACKENDS = ("eager", "compile", "cudagraph")
 #: Largest default evaluation cadence, as a fraction of the step budget.
@@ -165,19 +169,28 @@ def train_options(router: str, options: dict) -> dict:
     return dict(options)
 
 
-def train_case_key(router: str, options: dict, tc: TrainConfig, seed: int, corpus_sha: str,
+def train_case_key(router: str, options: dict, tc: TrainConfig, seed: int, corpus: CharCorpus,
                    mode: str = "train") -> str:
     """Identity of one training run inside a results directory (its unit of resume):
-    ``mode|router|options|backend|precision|shape|protocol|seed|corpus``."""
+    ``mode|router|options|backend|precision|shape|protocol|seed|corpus`` (the shape with the
+    corpus's vocabulary, the one the model is built with)."""
     options = train_options(router, options)
-    return (f"{mode}|{router}|{sorted(options.items())}|{tc.backend}|{tc.precision}|{tc.cfg}|"
-            f"{sorted(tc.key_fields().items())}|{seed}|{corpus_sha[:12]}")
+    cfg = tc.cfg.replace(vocab_size=corpus.vocab_size, dtype="float32")
+    return (f"{mode}|{router}|{sorted(options.items())}|{tc.backend}|{tc.precision}|{cfg}|"
+            f"{sorted(tc.key_fields().items())}|{seed}|{corpus.sha256[:12]}")
 
 
+@contextlib.contextmanager
 def _autocast(device: torch.device, precision: str):
-    if precision == "bf16-mixed":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """bf16 autocast for ``bf16-mixed`` (silencing RMSNorm's warning that its float32 weight meets a
+    bf16 input, which autocast handles), nothing for ``fp32``."""
+    if precision != "bf16-mixed":
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Mm]ismatch dtype.*")
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            yield
 
 
 @torch.no_grad()
@@ -248,7 +261,7 @@ class TrainRun:
     def __post_init__(self) -> None:
         self.options = train_options(self.router, self.options)
         self.cfg = self.tc.cfg.replace(vocab_size=self.corpus.vocab_size, dtype="float32")
-        self.key = train_case_key(self.router, self.options, self.tc, self.seed, self.corpus.sha256, self.mode)
+        self.key = train_case_key(self.router, self.options, self.tc, self.seed, self.corpus, self.mode)
         self.cols = {"case_key": self.key, "router": self.router, "router_options": self.options,
                      "impl": self.options.get("impl", "naive"), "backend": self.tc.backend,
                      "mode": self.mode, "seed": self.seed, **self.cfg.shape_columns()}
@@ -284,13 +297,21 @@ class TrainRun:
         self.graphed = None
         # Untimed: allocator, kernels, the compile; on a side stream before a CUDA-graph capture.
         side = torch.cuda.Stream(dev) if capturable else None
+        synchronize(dev)
+        t0 = time.perf_counter()
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             for i in range(tc.untimed_warmup):
                 self._one_step(i)
         if side is not None:
             torch.cuda.current_stream(dev).wait_stream(side)
+        synchronize(dev)
+        # Under compile the warm-up holds the compile: its time is the compile time (off the clock).
+        warm = "compile_time" if tc.backend == "compile" else "warmup_time"
+        self.setup_times = {warm: time.perf_counter() - t0}
         if capturable:
+            t0 = time.perf_counter()
             self._capture()
+            self.setup_times["capture_time"] = time.perf_counter() - t0
         self._reset()
         if checkpoint is not None:
             self._restore(checkpoint)
@@ -451,7 +472,8 @@ class TrainRun:
         """The run-level rows written with its last evaluation (see ``reports/training.py``)."""
         c, tc = self.cols, self.tc
         last = self.evals[-1]
-        rows = [dict(c, metric="train_time", value=last.elapsed, unit="s"),
+        rows = [dict(c, metric=m, value=v, unit="s") for m, v in getattr(self, "setup_times", {}).items()]
+        rows += [dict(c, metric="train_time", value=last.elapsed, unit="s"),
                 dict(c, metric="step_budget", value=tc.max_steps, unit="steps"),
                 dict(c, metric="token_budget", value=tc.max_steps * self.tokens_per_step, unit="tokens")]
         if self.mode == "pilot":
@@ -495,7 +517,7 @@ class TrainRun:
         if self.mode == "pilot":
             return f"target {last.val_loss:.4f} nats (val loss at step {last.step})"
         x = self._crossing()
-        ttt = f"{x['time']:.1f} s ({x['steps']:.0f} steps)" if x else "not reached"
+        ttt = f"{x['time']:.3g} s ({x['steps']:.1f} steps)" if x else "not reached"
         return f"time to target {ttt}, val loss {last.val_loss:.4f} at step {last.step}"
 
     # --- checkpoints ----------------------------------------------------------------------

@@ -125,8 +125,9 @@ def test_a_loss_worse_than_uniform_is_divergence(tmp_path, corpus):
 def test_cudagraph_training_is_a_skipped_row_on_cpu(tmp_path, corpus):
     tc = TrainConfig(TINY, target_loss=3.3, max_steps=3, backend="cudagraph")
     rows = load_rows([train(tmp_path / "r", ["prenorm"], tc=tc, corpus=corpus)])
-    assert [(r["metric"], r["status"], r["backend"]) for r in rows] == [("time_to_target", "skipped", "cudagraph")]
-    assert "no CUDA device" in rows[0]["error"]
+    assert [(r["metric"], r["status"], r["backend"]) for r in rows] == [
+        ("target_loss", "ok", "cudagraph"), ("time_to_target", "skipped", "cudagraph")]
+    assert "no CUDA device" in rows[1]["error"]
 
 
 def test_gradient_accumulation_changes_memory_not_the_step(tmp_path, corpus):
@@ -198,6 +199,20 @@ def test_a_killed_run_resumes_to_the_losses_of_an_uninterrupted_one(tmp_path, co
     clock = [r["value"] for r in rows if r["metric"] == "elapsed" and r["router"] == "prenorm"]
     assert clock == sorted(clock)  # the clock went on from the checkpoint
     assert not list((d / "checkpoints").rglob("*.pt"))
+    setup = {r["metric"] for r in rows if r["metric"] in ("compile_time", "warmup_time") and r["value"] > 0}
+    assert setup == {"compile_time" if backend == "compile" else "warmup_time"}
+
+
+def test_cudagraph_without_cuda_skips_every_run_and_the_pilot(tmp_path, corpus):
+    res = CliRunner().invoke(main, ["train", "--data", str(corpus.path), "--out", str(tmp_path), "--run-id", "g",
+                                    "--device", "cpu", "--routers", "prenorm,haares", "--backend", "cudagraph",
+                                    *SHAPE_ARGS])
+    assert res.exit_code == 0, res.output
+    rows = load_rows([_run_dir(tmp_path, "g")])
+    verdicts = [(r["mode"], r["router"], r["status"]) for r in rows if r["metric"] == "time_to_target"]
+    assert verdicts == [("pilot", "prenorm", "skipped"), ("train", "prenorm", "skipped"),
+                        ("train", "haares", "skipped")]
+    assert all("no CUDA device" in r["error"] for r in rows if r["status"] == "skipped")
 
 
 def test_the_pilot_sets_the_target_and_a_rerun_reads_it_back(tmp_path, corpus):

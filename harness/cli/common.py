@@ -43,8 +43,9 @@ def spec_options(spec_cls: type) -> Callable:
             if o.kind == "bool":
                 f = click.option(f"--{dash}/--no-{dash}", name, default=None, help=o.help)(f)
             else:
-                f = click.option(flag(name), name, default=None, help=o.help,
-                                 metavar=o.metavar or METAVAR[o.kind])(f)
+                short = (o.kind == "str" and isinstance(o.choices, tuple) and len(o.choices) <= 4)
+                metavar = o.metavar or ("[" + "|".join(o.choices) + "]" if short else METAVAR[o.kind])
+                f = click.option(flag(name), name, default=None, help=o.help, metavar=metavar)(f)
         return click.option("--config", default=None, metavar="FILE.toml",
                             help="Options as TOML (sections as in spec.toml); the command line overrides it.")(f)
     return deco
@@ -172,7 +173,8 @@ class Run:
                                   f"{_show(theirs.get(diff))}, not {_show(mine.get(diff))}; resume it with "
                                   f"--config {self.spec_path} or choose another --run-id")
         write_toml(self.spec, self.spec_path, f"routerbench {self.command} spec, resolved; repeat with:\n"
-                   f"  routerbench {self.command} --config {SPEC_FILE} --run-id NEW", self.spec.NOT_IN_FILE)
+                   f"  routerbench {self.command} --config <this file> --out <results root> --run-id NEW",
+                   self.spec.NOT_IN_FILE)
 
     def announce(self, what: str = "") -> None:
         """Say where the run goes, whether it resumes, and what was recovered from a dead writer."""

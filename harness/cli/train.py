@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
+
+from routers.errors import ConfigError
 
 from ..spec import TrainSpec
 from .common import Run, load_spec, spec_options
@@ -28,7 +31,7 @@ def corpus_info(corpus) -> dict:
 def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[str, dict, int, str]]:
     """``(router, options, seed, case key)`` of each training run, seeds outermost."""
     from ..train import train_case_key
-    return [(r, opts, seed, train_case_key(r, opts, tc, seed, corpus.sha256))
+    return [(r, opts, seed, train_case_key(r, opts, tc, seed, corpus))
             for seed in seeds for r, opts in options_by_router.items()]
 
 
@@ -70,24 +73,37 @@ def train_cmd(config, **cli) -> None:
 
     import torch
 
+    from ..backends import unavailable_reason
     from ..schedule import Trainer, choose_schedule
-    from ..train import PILOT_SEED, TIME_TO_TARGET_METHOD, TrainRun
+    from ..train import BASELINE, PILOT_SEED, TIME_TO_TARGET_METHOD, TrainRun
 
     spec, labels = load_spec(TrainSpec, cli, config)
     tr = spec.training
     tc = spec.train_config()
+    device = torch.device(spec.output.device)
     corpus = load_corpus(tr.data, labels("training.data"))
+    uniform = math.log(corpus.vocab_size)
+    if tr.target_loss is not None and tr.target_loss >= uniform:
+        raise ConfigError(f"{labels('training.target_loss')} {tr.target_loss:g} is not below ln(vocab) = "
+                          f"{uniform:.3f} nats, the loss of an untrained model on this corpus (vocab "
+                          f"{corpus.vocab_size}): every run would be at the target from step 0; lower it")
     opts = {r: dict((spec.routers.router_options or {}).get(r, {})) for r in spec.routers.routers}
     seeds = list(range(tr.seeds))
     runs = plan(opts, tc, seeds, corpus)
     pilot = None
     if tr.target_from_pilot:
         popts = dict((spec.routers.router_options or {}).get(tr.target_from_pilot, {}))
-        pilot = TrainRun(tr.target_from_pilot, popts, corpus, tc, PILOT_SEED, torch.device(spec.output.device),
-                         mode="pilot", stop_step=tc.pilot_stop(tr.pilot_fraction))
+        pilot = TrainRun(tr.target_from_pilot, popts, corpus, tc, PILOT_SEED, device, mode="pilot",
+                         stop_step=tc.pilot_stop(tr.pilot_fraction))
+    sched = choose_schedule(tr.schedule, [TrainRun(r, o, corpus, tc, seeds[0], device) for r, o in opts.items()],
+                            device)
+    one = max(sched["estimate_bytes"].values())
+    if device.type == "cpu" and one > sched["available_bytes"]:
+        raise ConfigError(f"one training run needs an estimated {one / 2**30:.1f} GiB, more than the "
+                          f"{sched['available_bytes'] / 2**30:.1f} GiB free here; lower "
+                          f"{labels('shape.batch_size')} or raise {labels('training.grad_accum')}, or pick a "
+                          f"smaller {labels('shape.preset')}")
     run = Run("train", spec)
-    sched = choose_schedule(tr.schedule, [TrainRun(r, o, corpus, tc, seeds[0], run.device)
-                                          for r, o in opts.items()], run.device)
     target = ({"source": "given", "value": tr.target_loss} if pilot is None else
               {"source": "pilot", "router": pilot.router, "seed": PILOT_SEED, "fraction": tr.pilot_fraction,
                "step": pilot.stop_step})
@@ -99,18 +115,28 @@ def train_cmd(config, **cli) -> None:
     run.announce(f"  ({len(runs)} run{'s' * (len(runs) != 1)}{' and a pilot' if pilot else ''}, "
                  f"{len(seeds)} seed{'s' * (len(seeds) != 1)}, schedule {sched['schedule']})")
     click.echo(f"schedule: {sched['schedule']} ({sched['reason']})")
+    if BASELINE not in opts:
+        click.echo(f"note: {BASELINE} is not among the routers, so the report will compare no router "
+                   "with a baseline", err=True)
     keys = [k for *_, k in runs] + ([pilot.key] if pilot else [])
     trainer = Trainer(run.writer, run.dir, run.device, spec.output.quiet)
     with run.guarded(lambda: keys):
-        if pilot is not None:
-            trainer.label = "pilot"
-            tc = replace(tc, target_loss=pilot_target(trainer, pilot, run))
-            trainer.label = "train"
-            click.echo(f"target: {tc.target_loss:.4f} nats (the {pilot.router} pilot's val loss at step "
-                       f"{pilot.stop_step} of {tc.max_steps})")
-        for seed in seeds:
-            group = [TrainRun(r, o, corpus, tc, seed, run.device) for r, o in opts.items()]
-            trainer.run_group(group, sched["schedule"], tr.chunk)
+        why = unavailable_reason(tc.backend, None, run.device)
+        if why:  # every run a skipped row, and a report that says so
+            for r in ([pilot] if pilot else []) + [TrainRun(r, o, corpus, tc, s, run.device)
+                                                   for s in seeds for r, o in opts.items()]:
+                if not trainer.done(r):
+                    trainer.fail(r, status="skipped", message=why)
+        else:
+            if pilot is not None:
+                trainer.label = "pilot"
+                tc = replace(tc, target_loss=pilot_target(trainer, pilot, run))
+                trainer.label = "train"
+                click.echo(f"target: {tc.target_loss:.4f} nats (the {pilot.router} pilot's val loss at step "
+                           f"{pilot.stop_step} of {tc.max_steps})")
+            for seed in seeds:
+                group = [TrainRun(r, o, corpus, tc, seed, run.device) for r, o in opts.items()]
+                trainer.run_group(group, sched["schedule"], tr.chunk)
         if spec.output.report:
             write_report([run.dir])
 

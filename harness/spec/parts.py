@@ -25,7 +25,8 @@ class Shape:
     """The decoder shape options shared by every command (``[shape]``)."""
 
     preset: str | None = option("str", "Base shape (`routerbench list`): its sizes are the defaults of "
-                                "the shape options (default: see the command's help).",
+                                "the shape options (default: train cpu-train; run and profile this device's "
+                                "grid base, cpu-quick on a CPU).",
                                 choices=lambda: tuple(PRESETS), metavar="NAME")
     n_heads: int | None = option("int", "Attention heads (default: the base shape's).", min=1, max=MAX_WIDTH)
     seq_len: int | None = option("int", "Tokens per sequence (default: the base shape's).", min=1,

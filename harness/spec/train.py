@@ -118,6 +118,10 @@ class TrainSpec:
                                   f"{tr.data} has only {len(corpus.val)} tokens; lower it")
         max_steps = tr.max_steps or 300
         eval_every = tr.eval_every or default_eval_every(max_steps)
+        if eval_every > max_steps:
+            raise ConfigError(f"{L('training.eval_every')} {eval_every} is more than {L('training.max_steps')} "
+                              f"{max_steps}: the run would be evaluated only at its ends; lower it (default: "
+                              f"{default_eval_every(max_steps)}, 2.5 % of the budget)")
         return replace(
             self,
             shape=resolved_shape(s, base, preset=s.preset or DEFAULT_PRESET, d_model=d_model, n_layers=n_layers),
