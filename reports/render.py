@@ -13,7 +13,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -22,9 +22,8 @@ from harness.records import MANIFEST_FILE, aborted_summary
 from . import figures, paired, sentences, tables, training
 
 CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
-                 "Protocol: untimed warm-up then a reset of weights, optimizer and data order; "
-                 "AdamW; validation on fixed batches at a fixed cadence, off the clock, so time, "
-                 "steps and tokens to target are resolved to the evaluation cadence.")
+                 "Time, steps and tokens to target are interpolated linearly between the two "
+                 "evaluations around the crossing, as the protocol below says.")
 
 #: Report header and number format of each measured column.
 COLUMN_STYLE = {
@@ -36,17 +35,18 @@ COLUMN_STYLE = {
                                                                       "{:.3f}"),
     "peak_mib": ("peak alloc. (MiB)", "{:.1f}"), "params_matrix": ("matrix params", "{:,.0f}"),
     "params_router": ("router params", "{:,.0f}"), "target_loss": ("target (nats)", "{:.4f}"),
-    "time_to_target": ("time to target (s)", "{:.1f}"), "steps_to_target": ("steps", None),
+    "time_to_target": ("time to target (s)", sentences.fmt_sig),
+    "steps_to_target": ("steps", None),
     "tokens_to_target": ("tokens", "{:,.0f}"), "token_budget": ("token budget", "{:,.0f}"),
     "loss_at_token_budget": ("loss at budget (nats)", "{:.4f}"),
     "final_val_loss": ("final val loss", "{:.4f}"), "final_step": ("final step", None),
-    "median_time_to_target": ("median time to target (s)", "{:.1f}"),
-    "min_s": ("min (s)", "{:.1f}"), "max_s": ("max (s)", "{:.1f}"),
+    "median_time_to_target": ("median time to target (s)", sentences.fmt_sig),
+    "min_s": ("min (s)", sentences.fmt_sig), "max_s": ("max (s)", sentences.fmt_sig),
     "median_loss_at_budget": ("median loss at budget", "{:.4f}"),
     "tokens_per_s": ("tokens/s", "{:,.0f}"), "model_gflop": ("model GFLOP/step", "{:.3f}"),
     "model_tflops": ("model TFLOP/s", "{:.3f}"), "device_name": ("device name", None),
     "peak_tflops": ("peak BF16 TFLOP/s", "{:.0f}"), "mfu_pct": ("MFU (%)", "{:.2f}"),
-    "train_time": ("training clock (s)", "{:.1f}"),
+    "train_time": ("training clock (s)", sentences.fmt_sig),
 }
 COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
 #: Case columns that, when equal in every row, move into a sentence above the table.
@@ -82,7 +82,7 @@ _ENV_FIELDS = (
     ("GPU count", False, ("gpu_count",)), ("CPU count", False, ("cpu_count",)),
     ("CUDA", False, ("cuda_version", "cuda")), ("driver", False, ("driver",)),
     ("Python", False, ("python_version", "python")),
-    ("precision", False, ("precision_policy", "matmul_precision")),
+    ("float32 matmul precision", False, ("precision_policy", "matmul_precision")),
 )
 
 
@@ -133,13 +133,13 @@ def environment_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _cell(value, fmt: str | None) -> str:
+def _cell(value, fmt: str | Callable[[float], str] | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
         return "–"
     if isinstance(value, str):
         return value
     if fmt:
-        return fmt.format(value)
+        return fmt(value) if callable(fmt) else fmt.format(value)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return f"{value:.4g}" if isinstance(value, float) else str(value)
@@ -216,55 +216,51 @@ TRAINING_CAPTIONS = {
 }
 
 
-def _training_blocks(df: pd.DataFrame, figs: dict[str, Path | None]) -> list:
-    """The training race: sentences, the comparison table, the figures, the per-run table (pilot
-    rows marked), a line counting what did not converge or diverged."""
+def _training_blocks(df: pd.DataFrame, figs: dict[str, Path | None],
+                     manifests: dict[str, dict]) -> list:
+    """The training race: the settings of each run, the protocol, sentences, the comparison
+    table, the figures, the per-run table (pilot rows marked), a line counting what did not
+    converge or diverged."""
     runs = training.runs_table(df)
-    if runs.empty:
-        blocks = [("text", "No training rows (mode train or pilot) in these runs.")]
-        return blocks + [_figure_block(figs.get(n), n, TRAINING_CAPTIONS[n])
-                         for n in TRAINING_CAPTIONS]
-    blocks = []
-    smoke = training.smoke_runs(df)
-    if smoke:  # one seed per router (the race of `routerbench run`): no interval, no test
-        blocks.append(("text", f"Smoke test (run {', '.join(smoke)}): one seed per router, so "
-                               "no interval and no test; not a result."))
-        if (training.train_rows(df)["device"] == "cpu").any():
-            blocks.append(("text", CPU_RACE_NOTE))
-    blocks.append(("text", training.METHOD))
     table = training.comparison_table(df)
-    blocks += [("text", s) for s in sentences.training_sentences(table)]
-    blocks += _table_blocks(training.comparison_display(table),
-                            "No comparison: no router was trained beside its baseline "
-                            f"({tables.BASELINE}) in the same run and backend.",
-                            split=("run_id", "backend"))
-    blocks += [_figure_block(figs.get(n), n, TRAINING_CAPTIONS[n]) for n in TRAINING_CAPTIONS]
+    said = [("text", s) for s in sentences.training_sentences(
+        table, training.sentence_prefixes(df, table, manifests))]
+    blocks = [("text", line) for line in training.protocol_lines(df, manifests)]
+    if runs["status"].isin(sentences.UNMEASURED).all():  # nothing trained: only say why
+        blocks += said
+    else:
+        smoke = training.smoke_runs(df)
+        if smoke:  # one seed per router (the race of `routerbench run`): no interval, no test
+            blocks.append(("text", f"Smoke test (run {', '.join(smoke)}): one seed per router, "
+                                   "so no interval and no test; not a result."))
+            if (training.train_rows(df)["device"] == "cpu").any():
+                blocks.append(("text", CPU_RACE_NOTE))
+        blocks += [("text", training.METHOD), *said]
+        blocks += _table_blocks(training.comparison_display(table),
+                                "No comparison: no router was trained beside its baseline "
+                                f"({tables.BASELINE}) in the same run and backend.",
+                                split=("run_id", "backend"))
+        blocks += [_figure_block(figs.get(n), n, TRAINING_CAPTIONS[n])
+                   for n in TRAINING_CAPTIONS]
     blocks.append(("subtitle", "Every run" + (" (the pilot, mode pilot, set the target loss)"
                                               if (runs["mode"] == training.PILOT_MODE).any()
                                               else "")))
     blocks += _table_blocks(runs, "", drop=("router",), split=("run_id", "backend"))
-    if training.run_frame(df).groupby(["run_id", "variant"])["seed"].nunique().max() > 1:
+    pooled = tables.training_by_router(df)
+    if not pooled.empty and pooled["seeds"].max() > 1:
         blocks.append(("text", "Pooled over seeds (a run that never reached the target counts "
                                "as slowest):"))
-        blocks += _table_blocks(tables.training_by_router(df), "")
+        blocks += _table_blocks(pooled, "")
     blocks.append(("text", sentences.runs_sentence(runs)))
     return blocks
 
 
-def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path | None]
-                   ) -> tuple[str, list[Section]]:
-    """The report's title and sections from the long frame, its run directories and its figures
-    (name -> PNG path or ``None``)."""
-    env = environment_table(run_dirs)
-    head = Section("Environment", _table_blocks(
-        env, "No manifest.json in " + ", ".join(map(str, run_dirs)) + "."))
-    head.blocks.append(("text", "Method: step times are medians of the timed repeats (IQR = "
-                        "q75 − q25); overhead = router median / prenorm median − 1 in the same "
-                        "run, at the same backend, compile mode, mode, workload and shape. FLOPs "
-                        f"from fvcore: {tables.FLOP_CONVENTION}. Memory in MiB (2^20 bytes)."))
+def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
+                   manifests: dict[str, dict]) -> list[Section]:
+    """The sections of the cost sweep: step time, FLOPs and memory; paired timing; backends;
+    the routers' cost models."""
     cost = Section("Cost: step time, FLOPs and memory vs prenorm", _table_blocks(
-        tables.overhead_table(df), "No cost-sweep rows (modes fwd, fwd_bwd, train_step) in these "
-        "runs.", drop=("variant",),
+        tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
         split=("run_id", "workload", "mode", "backend", "compile_mode")))
     cost.blocks += [
         _figure_block(figs.get("step_time_overhead_vs_width"), "step_time_overhead_vs_width",
@@ -278,8 +274,8 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
                 "parameters, plus the router's analytic mixing (×3 when training). MFU = model "
                 "FLOP/s ÷ the device's dense BF16 peak, looked up by name; blank on CPU or an "
                 "unknown device.")]
-    cost.blocks += _table_blocks(tables.mfu_table(df, tables.load_manifests(run_dirs)),
-                                 "No timed cost cases.", drop=("variant",),
+    cost.blocks += _table_blocks(tables.mfu_table(df, manifests), "No timed cost cases.",
+                                 drop=("variant",),
                                  split=("run_id", "workload", "mode", "backend", "compile_mode"))
     bt = tables.backend_table(df)
     bt = bt[bt["backend"] != "eager"]
@@ -301,22 +297,58 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
                 "the peak live router state.")])
     models.blocks += _table_blocks(tables.router_cost_table(df), "No router cost rows.",
                                    drop=("variant",))
-    train = Section("Training race: time to target loss", _training_blocks(df, figs))
-    fails = Section("Skipped and failed cases", _table_blocks(
-        tables.failures(df), "None: every case ran (not-converged training runs are listed "
-                             "above)."))
-    aborted = {str(d): aborted_summary(d) for d in run_dirs}
-    if any(a["units"] for a in aborted.values()):
-        fails.blocks.append(("text", "Units cut short and measured again (their rows are kept in "
-                                     "aborted/ and never used here): " + "; ".join(
-            f"{d}: {a['units']} unit(s), {a['rows']} row(s)" for d, a in aborted.items() if a["units"])))
     pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
     pairs.blocks += _table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
                                   drop=("variant",), split=("run_id", "mode", "backend",
                                                             "compile_mode"))
     pairs.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm")
                         if figs.get("paired_ratios") else ("text", paired.NO_DATA))
-    return _title(df, env, run_dirs), [head, cost, pairs, backends, models, train, fails]
+    return [cost, pairs, backends, models]
+
+
+#: Columns of a failed case folded into its label (:func:`reports.tables.case_label`); the case
+#: key (hundreds of characters) stays out of the report.
+_FAILURE_FOLDED = ("case_key", "router", "options", "impl", "backend", "compile_mode", "mode",
+                   "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed")
+
+
+def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path | None]
+                   ) -> tuple[str, list[Section]]:
+    """The report's title and sections from the long frame, its run directories and its figures
+    (name -> PNG path or ``None``).
+
+    Only what the runs hold is reported: the cost sections when there are cost-sweep rows, the
+    training race when there are training rows (first when there are no cost rows); then the
+    failed cases, and the environment and method last.
+    """
+    manifests = tables.load_manifests(run_dirs)
+    has_cost = not tables.cost_rows(df).empty
+    has_train = not training.train_rows(df).empty
+    sections = _cost_sections(df, figs, manifests) if has_cost else []
+    if has_train:
+        sections.append(Section("Training race: time to target loss",
+                                _training_blocks(df, figs, manifests)))
+    if not (has_cost or has_train):
+        sections.append(Section("Results", [("text", "No rows in these runs: no cost-sweep "
+                                                     "rows and no training rows.")]))
+    fails = Section("Skipped and failed cases", _table_blocks(
+        tables.failures(df), "None: every case ran (not-converged training runs are listed "
+                             "above).", drop=_FAILURE_FOLDED))
+    aborted = {str(d): aborted_summary(d) for d in run_dirs}
+    if any(a["units"] for a in aborted.values()):
+        fails.blocks.append(("text", "Units cut short and measured again (their rows are kept in "
+                                     "aborted/ and never used here): " + "; ".join(
+            f"{d}: {a['units']} unit(s), {a['rows']} row(s)" for d, a in aborted.items() if a["units"])))
+    env = environment_table(run_dirs)
+    head = Section("Environment", _table_blocks(
+        env, "No manifest.json in " + ", ".join(map(str, run_dirs)) + "."))
+    if has_cost:
+        head.blocks.append(("text", "Method: step times are medians of the timed repeats (IQR = "
+                            "q75 − q25); overhead = router median / prenorm median − 1 in the "
+                            "same run, at the same backend, compile mode, mode, workload and "
+                            f"shape. FLOPs from fvcore: {tables.FLOP_CONVENTION}. Memory in MiB "
+                            "(2^20 bytes)."))
+    return _title(df, env, run_dirs), [*sections, fails, head]
 
 
 def render_markdown(title: str, sections: list[Section], out_dir: Path) -> str:
@@ -374,10 +406,12 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
 
     Returns:
         File name -> path of everything written: ``report.md``, ``report.html``,
-        ``overhead.csv``, ``paired.csv`` (:func:`reports.paired.paired_ratio_table`, when there
-        are paired step times), ``training_runs.csv`` and ``training_comparison.csv``
-        (:mod:`reports.training`, when there are training runs) and one ``<figure>.png`` per
-        figure that had data, with ``<figure>.csv`` beside it where the figure writes its data.
+        ``overhead.csv`` (when there are cost cases), ``paired.csv``
+        (:func:`reports.paired.paired_ratio_table`, when there are paired step times),
+        ``training_runs.csv`` and ``training_comparison.csv`` (:mod:`reports.training`, when
+        there are training runs) and one ``<figure>.png`` per figure that had data, with
+        ``<figure>.csv`` beside it where the figure writes its data. A CSV or figure without
+        data is not written, and one left by an earlier report is removed.
 
     Raises:
         ValueError: no run directory, or several and no ``out_dir`` (``routerbench report --out``).
@@ -396,22 +430,15 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
              for run, m in tables.load_manifests(paths).items()}
     df["device_name"] = [names.get(r) or d for r, d in zip(df["run_id"], df["device"])]
     written: dict[str, Path] = {}
-    overhead = out / "overhead.csv"
-    tables.overhead_table(df).to_csv(overhead, index=False)
-    written[overhead.name] = overhead
-    pairs = paired.paired_ratio_table(df)
-    if not pairs.empty:  # like a figure: only when the runs hold paired step times
-        pairs.to_csv(out / "paired.csv", index=False)
-        written["paired.csv"] = out / "paired.csv"
-    elif (out / "paired.csv").exists():
-        (out / "paired.csv").unlink()  # from an earlier report whose data is no longer here
-    for name, frame in (("training_runs.csv", training.runs_table(df)),
+    for name, frame in (("overhead.csv", tables.overhead_table(df)),
+                        ("paired.csv", paired.paired_ratio_table(df)),
+                        ("training_runs.csv", training.runs_table(df)),
                         ("training_comparison.csv", training.comparison_table(df))):
-        if not frame.empty:
+        if not frame.empty:  # like a figure: only when the runs hold its data
             frame.to_csv(out / name, index=False)
             written[name] = out / name
         elif (out / name).exists():
-            (out / name).unlink()
+            (out / name).unlink()  # from an earlier report whose data is no longer here
     figs = {}
     for name, fn in {**figures.FIGURES, **paired.FIGURES}.items():
         figs[name] = fn(df, out)

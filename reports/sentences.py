@@ -63,9 +63,21 @@ def p_equals(p: float | None) -> str:
     return f"p {text}" if text.startswith("<") else f"p = {text}"
 
 
+def fmt_sig(x: float | None, digits: int = 3) -> str:
+    """``x`` with ``digits`` significant digits at least: "0.0123", "6.00", "12.3", "1234" (all
+    integer digits from 10^digits on, never an exponent there)."""
+    if _missing(x):
+        return "–"
+    text = f"{x:#.{digits}g}"
+    if "e+" in text or abs(float(text)) >= 10 ** digits:
+        text = f"{x:.0f}"
+    return text.rstrip(".").replace("-", MINUS)
+
+
 def fmt_seconds(x: float | None) -> str:
-    """Seconds with three significant digits at least ("6.00 s", "12.3 s", "1234 s")."""
-    return "–" if _missing(x) else (f"{x:#.3g} s" if abs(x) < 100 else f"{x:.0f} s")
+    """Seconds with three significant digits at least ("0.0123 s", "6.00 s", "12.3 s",
+    "1234 s")."""
+    return "–" if _missing(x) else f"{fmt_sig(x)} s"
 
 
 def fmt_seeds(seeds: Iterable[Any]) -> str:
@@ -84,37 +96,56 @@ def _seeds_word(n: int) -> str:
     return f"{n} seed" + ("" if n == 1 else "s")
 
 
-def training_sentence(row: Mapping[str, Any]) -> str:
-    """One sentence for a row of :func:`reports.training.comparison_table`.
+def training_sentence(row: Mapping[str, Any], prefix: str = "") -> str:
+    """One sentence for a row of :func:`reports.training.comparison_table`, after ``prefix``
+    (e.g. ``"[run r1, eager] "`` when several runs are reported together).
 
     Quotes the time-to-target ratio with its interval and seed count, its two factors (steps and
     per-step time), the loss difference at the token budget with the perplexity change and the
-    paired t-test, and the loss difference at equal wall-clock time. With no pair a sentence
-    says which seeds were left out and why; with one pair it says there is no interval.
+    paired t-test, and the loss difference at equal wall-clock time with the pairs it rests on.
+    With no pair a sentence says which seeds were left out and why; with one pair it says there
+    is no interval; when no run of either side was measured (skipped, failed) it says only that.
     """
     who, base = row["variant"], row["baseline"]
-    target = fmt_num(row["target_loss"], 3)
+    if row.get("not_measured"):
+        return f"{prefix}{who} vs {base}: not measured ({row['not_measured']})."
+    target = ("the target" if _missing(row["target_loss"])
+              else f"{fmt_num(row['target_loss'], 3)} nats")
     n = int(row["n"])
     if n == 0:
-        head = f"{who} vs {base}: no seed reached {target} nats on both sides"
+        head = f"{who} vs {base}: no seed reached {target} on both sides"
     else:
         ci = fmt_interval(row["time_lo"], row["time_hi"])
         spread = (f" {ci} ({_seeds_word(n)}, {row['conf']:.0%} t-interval)" if ci
                   else f" ({_seeds_word(n)}: no interval)")
-        head = (f"{who} reached {target} nats in {fmt_ratio(row['time_ratio'])}× the time of "
+        head = (f"{who} reached {target} in {fmt_ratio(row['time_ratio'])}× the time of "
                 f"{base}{spread}: {fmt_ratio(row['steps_ratio'])}× the steps at "
                 f"{fmt_ratio(row['step_time_ratio'])}× the step time")
     parts = [head]
     if row.get("dropped"):
         parts.append(f"left out: {row['dropped']}")
     parts.append(_loss_clause(row))
-    if not _missing(row.get("t_star")) and int(row.get("wall_n") or 0) > 0:
-        wall = (f"at equal wall-clock ({fmt_seconds(row['t_star'])}) "
-                f"{fmt_signed(row['wall_diff'])} nats")
-        ci = fmt_interval(row["wall_diff_lo"], row["wall_diff_hi"], 3, signed=True)
-        wall += f" {ci} ({p_equals(row['wall_p'])})" if ci else " (1 seed: no test)"
-        parts.append(wall)
-    return "; ".join(parts) + "."
+    wall = _wall_clause(row)
+    return prefix + "; ".join(parts + ([wall] if wall else [])) + "."
+
+
+def _wall_clause(row: Mapping[str, Any]) -> str:
+    """The loss difference at T* with the pairs it rests on: a run whose clock ended before T*
+    cannot be read there, so its pair is named as left out."""
+    n, short = int(row.get("wall_n") or 0), int(row.get("wall_short") or 0)
+    if _missing(row.get("t_star")) or n + short == 0:
+        return ""
+    t_star = fmt_seconds(row["t_star"])
+    if n == 0:
+        return (f"no pair at equal wall-clock ({t_star}): {short} pair" + ("s" if short > 1 else "")
+                + " ended sooner")
+    pairs = f"{n} pair" + ("" if n == 1 else "s")
+    if short:
+        pairs = (f"{n} of {n + short} pairs, the other" + (f" {short}" if short > 1 else "")
+                 + " ended sooner")
+    ci = fmt_interval(row["wall_diff_lo"], row["wall_diff_hi"], 3, signed=True)
+    test = f" {ci} ({p_equals(row['wall_p'])})" if ci else " (1 pair: no test)"
+    return f"at equal wall-clock ({t_star}; {pairs}) {fmt_signed(row['wall_diff'])} nats{test}"
 
 
 def _loss_clause(row: Mapping[str, Any]) -> str:
@@ -128,25 +159,44 @@ def _loss_clause(row: Mapping[str, Any]) -> str:
     return text + f", paired t {p_equals(row['loss_p'])})"
 
 
-def training_sentences(table: Any) -> list[str]:
-    """:func:`training_sentence` of every row of a comparison table (a DataFrame)."""
-    return [training_sentence(r) for r in table.to_dict("records")]
+def training_sentences(table: Any, prefixes: Iterable[str] | None = None) -> list[str]:
+    """:func:`training_sentence` of every row of a comparison table (a DataFrame), each after
+    its prefix (:func:`reports.training.sentence_prefixes`) when given."""
+    rows = table.to_dict("records")
+    return [training_sentence(r, p) for r, p in zip(rows, prefixes or [""] * len(rows))]
+
+
+#: Statuses of runs that give no number at all (nothing was measured).
+UNMEASURED = ("error", "skipped", "incomplete")
+
+
+def reasons(runs: Any) -> str:
+    """The distinct notes of runs (rows of :func:`reports.training.runs_table`), else their
+    statuses, as ``"a; b"``."""
+    notes = [n or s for n, s in zip(runs["note"], runs["status"])]
+    return "; ".join(dict.fromkeys(notes))
 
 
 def runs_sentence(runs: Any) -> str:
     """How many runs of :func:`reports.training.runs_table` reached the target, and which did
-    not (not converged, diverged, failed, skipped), by router and seed."""
+    not (not converged, diverged, failed, skipped), by router and seed; when every run was
+    skipped or failed alike, only that and why ("Runs: 2 measured, both skipped (...)")."""
     measured = runs[runs["mode"] == "train"]
     pilots = int((runs["mode"] == "pilot").sum())
-    text = (f"Runs: {len(measured)} measured" + (f" and {pilots} pilot" + ("s" if pilots != 1
-                                                                          else "")
-                                                if pilots else "")
-            + f"; {int((measured['status'] == 'ok').sum())} reached the target")
-    for status in ("not converged", "diverged", "error", "skipped", "incomplete"):
+    text = f"Runs: {len(measured)} measured" + (
+        f" and {pilots} pilot" + ("s" if pilots != 1 else "") if pilots else "")
+    statuses = set(runs["status"])
+    if len(statuses) == 1 and statuses <= set(UNMEASURED):
+        n = len(runs)
+        every = {1: "", 2: "both "}.get(n, f"all {n} ")
+        return f"{text}, {every}{runs['status'].iloc[0]} ({reasons(runs)})."
+    text += f"; {int((measured['status'] == 'ok').sum())} reached the target"
+    for status in ("not converged", "diverged", *UNMEASURED):
         bad = measured[measured["status"] == status]
         if len(bad):
             who = ", ".join(f"{r.variant} seed {r.seed}"
                             + (f" [{r.backend}]" if runs["backend"].nunique() > 1 else "")
                             for r in bad.itertuples(index=False))
-            text += f"; {len(bad)} {status} ({who})"
+            why = f": {reasons(bad)}" if status in UNMEASURED else ""
+            text += f"; {len(bad)} {status} ({who}{why})"
     return text + "."

@@ -345,18 +345,40 @@ def training_by_router(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+#: Shape columns of a case label and their letters: "d=32 L=2 T=32 B=8".
+_SHAPE_LETTERS = (("d_model", "d"), ("n_layers", "L"), ("seq_len", "T"), ("batch_size", "B"))
+
+
+def case_label(r: Any) -> str:
+    """A readable name of one case (a row with the case columns): router (options), impl,
+    backend (compile mode), mode, shape and seed, e.g. ``"haares, naive, eager, train,
+    d=32 L=2 T=32 B=8, seed 0"``; absent fields are left out."""
+    def has(v: Any) -> bool:
+        return v is not None and v == v and v != ""
+
+    parts = [r["router"] + (f" ({r['options']})" if has(r.get("options")) else ""), r["impl"],
+             r["backend"] + (f":{r['compile_mode']}" if has(r.get("compile_mode")) else ""),
+             r["mode"],
+             " ".join(f"{k}={int(r[c])}" for c, k in _SHAPE_LETTERS if has(r.get(c))),
+             f"seed {int(r['seed'])}" if has(r.get("seed")) else ""]
+    return ", ".join(p for p in parts if p)
+
+
 def failures(df: pd.DataFrame) -> pd.DataFrame:
     """Rows whose status is neither ``ok`` nor ``not_converged`` (skipped, error, oom, diverged).
 
     Returns:
-        ``run_id``, ``case_key``, ``router``, ``options``, ``impl``, ``backend``, ``compile_mode``,
-        ``mode``, ``workload``, ``d_model``, ``n_layers``, ``metric``, ``status``, ``error``; exact
-        duplicates dropped.
+        ``run_id``, ``case_key``, ``case`` (:func:`case_label`), ``router``, ``options``,
+        ``impl``, ``backend``, ``compile_mode``, ``mode``, ``workload``, ``d_model``,
+        ``n_layers``, ``seq_len``, ``batch_size``, ``seed``, ``metric``, ``status``, ``error``;
+        exact duplicates dropped.
     """
     cols = ["run_id", "case_key", "router", "options", "impl", "backend", "compile_mode", "mode",
-            "workload", "d_model", "n_layers", "metric", "status", "error"]
-    bad = df[~df["status"].isin(["ok", "not_converged"])]
-    return bad[cols].drop_duplicates().reset_index(drop=True)
+            "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed", "metric",
+            "status", "error"]
+    bad = df[~df["status"].isin(["ok", "not_converged"])][cols].drop_duplicates()
+    bad.insert(2, "case", [case_label(r) for r in bad.to_dict("records")])
+    return bad.reset_index(drop=True)
 
 
 def load_manifests(run_dirs: Iterable[Path | str]) -> dict[str, dict]:

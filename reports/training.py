@@ -12,7 +12,9 @@ run, with its own seed, that set the target loss) this module builds
 - :func:`sentences`: one sentence per comparison (:mod:`reports.sentences`).
 
 A diverged run enters every comparison as ``diverged``: no loss of it (not even its last finite
-one) is ever a result. Every statistic is :mod:`harness.stats`'s; this module only pairs the runs.
+one) is ever a result. A run at or below the target at step 0 (the target is not below its
+starting loss) has no time to target to divide by: its pairs are ``missing``, and say why.
+Every statistic is :mod:`harness.stats`'s; this module only pairs the runs.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ RUNS_COLUMNS = ["run_id", "backend", "mode", "router", "variant", "seed", "statu
                 "target_loss", "note"]
 COMPARISON_COLUMNS = [
     "run_id", "backend", "router", "variant", "baseline", "target_loss", "conf", "seeds", "n",
-    "censored", "diverged", "missing", "dropped",
+    "censored", "diverged", "missing", "dropped", "not_measured",
     "time_ratio", "time_lo", "time_hi", "time_per_seed",
     "steps_ratio", "steps_lo", "steps_hi", "steps_per_seed",
     "step_time_ratio", "step_time_lo", "step_time_hi",
     "loss_n", "loss_router", "loss_base", "loss_diff", "loss_diff_lo", "loss_diff_hi",
     "ppl_change_pct", "loss_p", "loss_welch_p",
-    "t_star", "wall_n", "wall_loss_router", "wall_loss_base", "wall_diff", "wall_diff_lo",
-    "wall_diff_hi", "wall_p"]
+    "t_star", "wall_n", "wall_short", "wall_loss_router", "wall_loss_base", "wall_diff",
+    "wall_diff_lo", "wall_diff_hi", "wall_p"]
 POINT_COLUMNS = ["run_id", "backend", "variant", "baseline", "quantity", "seed", "kind", "ratio"]
 CURVE_COLUMNS = ["run_id", "backend", "mode", "router", "variant", "seed", "status", "step",
                  "tokens", "elapsed", "val_loss"]
@@ -67,7 +69,10 @@ METHOD = ("Protocol (MEASUREMENT.md): untimed warm-up, then weights, optimizer a
           "target is a bound (\"> x\": the ratio is at least x), counted and left out of the "
           "interval; a diverged run is never a value. Loss at the token budget: paired t-test "
           "(Welch's p beside it, secondary). Loss at equal wall-clock: each run's validation loss "
-          "interpolated at T* = the smallest median training time over the routers of the run.")
+          "interpolated at T* = the smallest median training time over the routers of the run; "
+          "a pair whose run ended before T* cannot be read there and is left out.")
+#: Why a run that reached the target at step 0 forms no ratio.
+AT_START = "reached the target at step 0: the target is not below the starting loss"
 
 
 def train_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -153,6 +158,7 @@ def run_frame(df: pd.DataFrame) -> pd.DataFrame:
     for c in [*RUN_METRICS, "last_step", "last_elapsed"]:
         out[c] = out[c].astype(float)
     out["clock_end"] = out["train_time"].fillna(out["last_elapsed"])
+    out.loc[_at_start(out), "note"] = AT_START
     dead = out["status"] == "diverged"
     out.loc[dead, ["time_to_target", "steps_to_target", "tokens_to_target",
                    "loss_at_token_budget"]] = np.nan
@@ -162,6 +168,13 @@ def run_frame(df: pd.DataFrame) -> pd.DataFrame:
     out = out.sort_values(["run_id", "_b", "backend", "_m", "_base", "variant", "seed"],
                           kind="stable")
     return out[cols].reset_index(drop=True)
+
+
+def _at_start(runs: pd.DataFrame | pd.Series):
+    """Whether a run (or each run of a frame) reached the target at step 0: ok, with a time or
+    a step count to target of 0."""
+    return (runs["status"] == "ok") & ((runs["time_to_target"] <= 0)
+                                       | (runs["steps_to_target"] <= 0))
 
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -175,7 +188,8 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         converged``, ``diverged``, ``error``, ``skipped``, or ``incomplete`` for a run without a
         verdict row), ``time_to_target`` (s), ``steps_to_target``, ``loss_at_token_budget``
         (nats), ``train_time`` (s, the clock at the last evaluation), ``target_loss`` (nats),
-        ``note`` (why a run failed, did not converge or diverged; where a pilot set the target).
+        ``note`` (why a run failed, did not converge or diverged; where a pilot set the target;
+        :data:`AT_START` for a run at the target from step 0).
         Pilot first, then the baseline, within each run and backend.
     """
     return run_frame(df)[RUNS_COLUMNS]
@@ -206,13 +220,14 @@ def curves(df: pd.DataFrame) -> pd.DataFrame:
 
 def _obs(r: pd.Series, value: str, bound: str) -> stats.Obs:
     """One run as one side of a pair: its ``value`` column, or a bound (``bound`` column) when it
-    did not converge. A run that failed, was skipped or has no verdict is ``missing``; so is a
-    not-converged run without a bound (old records without any clock)."""
+    did not converge. A run that failed, was skipped or has no verdict is ``missing``; so are a
+    not-converged run without a bound (old records without any clock) and a run at the target
+    from step 0 (a value of 0 forms no ratio)."""
     if r["status"] == "diverged":
         return stats.Obs(None, "diverged")
-    if r["status"] == "not converged" and np.isfinite(r[bound]):
+    if r["status"] == "not converged" and np.isfinite(r[bound]) and r[bound] > 0:
         return stats.Obs(None, "not_converged", bound=float(r[bound]))
-    if r["status"] == "ok" and np.isfinite(r[value]):
+    if r["status"] == "ok" and np.isfinite(r[value]) and r[value] > 0:
         return stats.Obs(float(r[value]))
     return stats.Obs(None, "missing")
 
@@ -259,6 +274,16 @@ def _pairs(df: pd.DataFrame) -> Iterator[dict]:
                            "base_curves": c[c["variant"] == bvariant]}
 
 
+def _why(side: dict[int, pd.Series], seed: int) -> str:
+    """Why one side of a seed's pair cannot form a ratio ("" when it can)."""
+    if seed not in side:
+        return "absent"
+    r = side[seed]
+    if _at_start(r):
+        return AT_START
+    return "" if r["status"] == "ok" else r["status"]
+
+
 def _dropped(p: dict, per_seed: dict) -> str:
     """Which seeds were left out of the time interval and why, e.g. ``"seed 2: haares not
     converged (> 1.2)"``."""
@@ -266,9 +291,9 @@ def _dropped(p: dict, per_seed: dict) -> str:
     for seed, entry in per_seed.items():
         if not isinstance(entry, str):
             continue
-        why = [f"{name} {side[seed]['status'] if seed in side else 'absent'}"
-               for name, side in ((p["variant"], p["treat"]), (p["baseline"], p["base"]))
-               if seed not in side or side[seed]["status"] != "ok"]
+        why = [f"{name} {w}" for name, side in ((p["variant"], p["treat"]),
+                                                (p["baseline"], p["base"]))
+               if (w := _why(side, seed))]
         bound = f" ({entry})" if entry[:1] in "<>" else ""
         notes.append(f"seed {seed}: {', '.join(why) or 'incomplete record'}{bound}")
     return "; ".join(notes)
@@ -304,6 +329,23 @@ def _losses_at_budget(runs: dict[int, pd.Series]) -> dict[int, float]:
             if r["status"] in _LIVE and np.isfinite(r["loss_at_token_budget"])}
 
 
+def _not_measured(p: dict) -> str:
+    """Why no run of either side was measured (all skipped, failed or without a verdict), as
+    their notes; "" when some run of the pair trained."""
+    runs = pd.DataFrame([*p["treat"].values(), *p["base"].values()])
+    if runs.empty or not runs["status"].isin(say.UNMEASURED).all():
+        return ""
+    return say.reasons(runs)
+
+
+def _ended_sooner(p: dict) -> int:
+    """Pairs of live runs left out at T*: one of the two clocks ended before T*."""
+    live = [s for s in set(p["treat"]) & set(p["base"])
+            if p["treat"][s]["status"] in _LIVE and p["base"][s]["status"] in _LIVE]
+    return int(sum(np.fmin(p["treat"][s]["clock_end"], p["base"][s]["clock_end"]) < p["t_star"]
+                   for s in live))
+
+
 def _losses_at(runs: dict[int, pd.Series], curve: pd.DataFrame, t_star: float
                ) -> dict[int, float]:
     """Each live run's validation loss at T* on its own clock (none outside its curve)."""
@@ -329,7 +371,8 @@ def comparison_table(df: pd.DataFrame, conf: float = stats.CONF) -> pd.DataFrame
 
         - ``seeds`` (the seeds of either side, ``"0, 1, 2"``), ``n`` (pairs in the interval),
           ``censored``, ``diverged``, ``missing`` (pairs left out, :class:`harness.stats.
-          RatioSummary`) and ``dropped`` (which, and why);
+          RatioSummary`) and ``dropped`` (which, and why); ``not_measured``: when no run of
+          either side trained (skipped, failed), their reasons, else "";
         - ``time_ratio`` (geometric mean of router/baseline time to target) with ``time_lo``,
           ``time_hi`` and ``time_per_seed`` (``"0.91, 0.88, > 1.2"``, seed order, bounds for
           not-converged pairs); ``steps_*`` the same for steps; ``step_time_*`` for time per step
@@ -338,7 +381,8 @@ def comparison_table(df: pd.DataFrame, conf: float = stats.CONF) -> pd.DataFrame
           difference with its interval, ``ppl_change_pct`` (perplexity change, %), ``loss_p``
           (paired t) and ``loss_welch_p``; ``loss_n`` seeds with a loss on both sides;
         - ``t_star`` (s) and ``wall_*``: the validation loss interpolated at T* on each run's
-          clock, paired the same way.
+          clock, paired the same way; ``wall_n`` pairs, ``wall_short`` pairs of live runs left
+          out because a clock ended before T*.
     """
     rows = []
     for p in _pairs(df):
@@ -356,6 +400,7 @@ def comparison_table(df: pd.DataFrame, conf: float = stats.CONF) -> pd.DataFrame
             "target_loss": targets.median(), "conf": conf,
             "seeds": say.fmt_seeds(t.per_seed), "n": t.n, "censored": t.censored,
             "diverged": t.diverged, "missing": t.missing, "dropped": _dropped(p, t.per_seed),
+            "not_measured": _not_measured(p),
             "time_ratio": t.gmean, "time_lo": t.lo, "time_hi": t.hi,
             "time_per_seed": say.fmt_per_seed(t.per_seed),
             "steps_ratio": dec.steps.gmean, "steps_lo": dec.steps.lo, "steps_hi": dec.steps.hi,
@@ -365,7 +410,8 @@ def comparison_table(df: pd.DataFrame, conf: float = stats.CONF) -> pd.DataFrame
             "loss_n": loss["n"], "loss_router": loss["treat"], "loss_base": loss["base"],
             "loss_diff": loss["diff"], "loss_diff_lo": loss["lo"], "loss_diff_hi": loss["hi"],
             "ppl_change_pct": loss["ppl"], "loss_p": loss["p"], "loss_welch_p": loss["welch_p"],
-            "t_star": p["t_star"], "wall_n": wall["n"], "wall_loss_router": wall["treat"],
+            "t_star": p["t_star"], "wall_n": wall["n"], "wall_short": _ended_sooner(p),
+            "wall_loss_router": wall["treat"],
             "wall_loss_base": wall["base"], "wall_diff": wall["diff"],
             "wall_diff_lo": wall["lo"], "wall_diff_hi": wall["hi"], "wall_p": wall["p"]})
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
@@ -404,9 +450,74 @@ def ratio_points(df: pd.DataFrame) -> pd.DataFrame:
 # --- words ----------------------------------------------------------------------------------
 
 
-def sentences(df: pd.DataFrame, conf: float = stats.CONF) -> list[str]:
-    """One sentence per row of :func:`comparison_table`, quoting only its numbers."""
-    return say.training_sentences(comparison_table(df, conf))
+def sentence_prefixes(df: pd.DataFrame, table: pd.DataFrame,
+                      manifests: dict[str, dict] | None = None) -> list[str]:
+    """What each sentence of ``table`` (:func:`comparison_table` of ``df``) starts with, so that
+    the sentences of several training runs reported together say which run they are about:
+    ``"[run r1, eager, fp32] "`` names the run when ``df`` trained several, the backend when
+    several, the precision (from the manifests, run_id -> manifest) when runs differ in it;
+    ``""`` for every row when ``df`` holds one run and backend."""
+    groups = train_rows(df)[["run_id", "backend"]].drop_duplicates()
+    if len(groups) <= 1:
+        return [""] * len(table)
+    precision = {r: str((manifests or {}).get(r, {}).get("precision") or "")
+                 for r in groups["run_id"].unique()}
+    runs, backends = groups["run_id"].nunique() > 1, groups["backend"].nunique() > 1
+    show_precision = len(set(precision.values())) > 1
+    out = []
+    for run_id, backend in zip(table["run_id"], table["backend"]):
+        parts = ([f"run {run_id}"] if runs else []) + ([backend] if backends else []) + (
+            [precision[run_id]] if show_precision and precision[run_id] else [])
+        out.append(f"[{', '.join(parts)}] ")
+    return out
+
+
+def sentences(df: pd.DataFrame, conf: float = stats.CONF,
+              manifests: dict[str, dict] | None = None) -> list[str]:
+    """One sentence per row of :func:`comparison_table`, quoting only its numbers, each after
+    its :func:`sentence_prefixes` (``manifests``: run_id -> manifest, for the precision)."""
+    table = comparison_table(df, conf)
+    return say.training_sentences(table, sentence_prefixes(df, table, manifests))
+
+
+def protocol_line(run_id: str, manifest: dict) -> str:
+    """The settings of one ``routerbench train`` run from its manifest, in one sentence: "Run
+    r1: backend eager, precision fp32, grad-accum 1, evaluation every 7 steps, schedule
+    interleaved in turns of 10 steps (reason), target from a prenorm pilot (seed 10000) at step
+    154, seeds 0, 1, 2." Settings the manifest lacks (older records) are left out."""
+    m = manifest
+    parts = [f"{label} {m[key]}" for key, label in (
+        ("backend", "backend"), ("precision", "precision"), ("grad_accum", "grad-accum"))
+        if m.get(key) is not None]
+    def steps(n: int) -> str:
+        return f"{n} step" + ("s" if n != 1 else "")
+
+    if m.get("eval_every"):
+        every = m["eval_every"]
+        parts.append("evaluation every " + ("step" if every == 1 else steps(every)))
+    sched = m.get("schedule") or {}
+    if sched.get("schedule"):
+        turns = (f" in turns of {steps(m['chunk'])}"
+                 if sched["schedule"] == "interleaved" and m.get("chunk") else "")
+        why = f" ({sched['reason']})" if sched.get("reason") else ""
+        parts.append(f"schedule {sched['schedule']}{turns}{why}")
+    target = m.get("target") or {}
+    if target.get("source") == "pilot":
+        parts.append(f"target from a {target.get('router', '?')} pilot (seed "
+                     f"{target.get('seed', '?')}) at step {target.get('step', '?')}")
+    elif target.get("source") == "given" and target.get("value") is not None:
+        parts.append(f"target {target['value']:g} nats (given)")
+    if m.get("seeds") is not None:
+        parts.append(f"seed{'s' * (len(m['seeds']) != 1)} {say.fmt_seeds(m['seeds'])}")
+    return f"Run {run_id}: {', '.join(parts) or 'no protocol settings recorded'}."
+
+
+def protocol_lines(df: pd.DataFrame, manifests: dict[str, dict]) -> list[str]:
+    """:func:`protocol_line` of each training run of ``df`` whose manifest (run_id -> manifest,
+    :func:`reports.tables.load_manifests`) is one of ``routerbench train``."""
+    ids = train_rows(df)["run_id"].unique()
+    return [protocol_line(r, manifests[r]) for r in sorted(ids)
+            if manifests.get(r, {}).get("command") == "train"]
 
 
 def smoke_runs(df: pd.DataFrame) -> list[str]:
@@ -449,6 +560,8 @@ def comparison_display(table: pd.DataFrame) -> pd.DataFrame:
             "perplexity": say.fmt_pct(r["ppl_change_pct"]),
             "p (paired t)": say.fmt_p(r["loss_p"]), "p (Welch)": say.fmt_p(r["loss_welch_p"]),
             "T*": say.fmt_seconds(r["t_star"]),
+            "pairs at T*": (f"{r['wall_n']} of {r['wall_n'] + r['wall_short']}"
+                            if r["wall_short"] else str(r["wall_n"])),
             "Δ loss at T* (nats)": est(r["wall_diff"], r["wall_diff_lo"], r["wall_diff_hi"],
                                        say.fmt_signed, 3, True),
             "p at T*": say.fmt_p(r["wall_p"]),

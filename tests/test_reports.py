@@ -169,8 +169,12 @@ def test_build_report_writes_everything(run_dir):
         assert "FLOP = 2·FMA, causal attention not halved, see docs/FLOPS.md" in text
         assert CPU_RACE_NOTE in text and NO_DATA["compile_vs_eager"] in text
         assert "cudagraph needs CUDA; this machine has none" in text
+    heads = [line for line in md.splitlines() if line.startswith("## ")]
+    assert heads[0].startswith("## Cost") and heads[-3:] == [
+        "## Training race: time to target loss", "## Skipped and failed cases", "## Environment"]
     fails = md.split("## Skipped and failed cases")[1]
-    assert "skipped" in fails and "| prenorm\\|{}\\|cudagraph" in fails
+    assert "| prenorm, naive, cudagraph, fwd, d=64 L=2 " in fails
+    assert "prenorm\\|{}\\|cudagraph" not in fails  # the case key stays out of the table
     csv = out["overhead.csv"].read_text().splitlines()
     assert csv[0].startswith("run_id,router,") and len(csv) == 9
 
@@ -182,16 +186,17 @@ def test_no_data_sections(tmp_path):
     out = build_report([tmp_path], tmp_path / "report")
     assert set(out) == {"report.md", "report.html", "overhead.csv"}
     md = out["report.md"].read_text(encoding="utf-8")
-    for name in ("step_time_overhead_vs_width", "flops_vs_depth", "loss_curves"):
+    for name in ("step_time_overhead_vs_width", "flops_vs_depth"):
         assert NO_DATA[name] in md
-    assert "No training rows" in md and "No manifest.json" in md and "None: every case ran" in md
+    assert "## Training race" not in md and NO_DATA["loss_curves"] not in md
+    assert "No manifest.json" in md and "None: every case ran" in md
     assert "+10.0" in md
 
 
 def test_empty_records(tmp_path):
     (tmp_path / RECORDS_FILE).write_text("")
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
-    assert "No cost-sweep rows" in md and "No training rows" in md
+    assert "No rows in these runs" in md and "## Cost" not in md and "## Training" not in md
 
 
 def test_compile_vs_eager_figure(tmp_path):
@@ -266,7 +271,8 @@ def test_environment_table_reads_manifest_fields(tmp_path):
         "run_id": "run-b", "git_sha": "0123456789abcdef0123-dirty",
         "command_line": "routerbench run --preset cpu-quick", "corpus": {"sha256": "ab" * 32},
         "environment": {"device": "cuda", "device_name": "NVIDIA H200", "cpu_model": "Test CPU",
-                        "torch_threads": 8, "torch": "2.13.0", "cuda": "12.8", "gpu_count": 1},
+                        "torch_threads": 8, "torch": "2.13.0", "cuda": "12.8", "gpu_count": 1,
+                        "matmul_precision": "highest"},
         "sessions": [{"argv": ["routerbench", "run"], "git_sha": "0123"}]}))
     env = environment_table([tmp_path]).set_index("field")["run-b"]
     assert env["device"] == "NVIDIA H200" and env["CPU"] == "Test CPU" and env["threads"] == "8"
@@ -274,6 +280,7 @@ def test_environment_table_reads_manifest_fields(tmp_path):
     assert env["git sha"] == "0123456789ab-dirty"
     assert env["command line"] == "routerbench run --preset cpu-quick"
     assert env["corpus sha256"] == "abababababab" and "driver" not in env
+    assert env["float32 matmul precision"] == "highest" and "precision" not in env
     with RunWriter(tmp_path, run_id="run-b", session="s") as w:
         cost_case(w, "prenorm", 64, [10])
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
@@ -297,7 +304,7 @@ def test_training_pooled_over_seeds(tmp_path):
     assert pooled.loc["haares", "reached"] == "1/3" and pooled.loc["haares", "seeds"] == 3
     assert math.isnan(row(training_summary(df), seed=3)["time_to_target"])
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
-    assert "Pooled over seeds" in md and "No cost-sweep rows" in md
+    assert "Pooled over seeds" in md
 
 
 def test_report_when_no_router_reaches_the_target(tmp_path):

@@ -7,10 +7,12 @@ computed by hand from (steps to target, dt) per router and seed.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as sps
 
@@ -19,7 +21,7 @@ from harness.rundir import RunWriter
 from reports import build_report, load_frame, tables, training
 from reports import sentences as say
 from reports.figures import NO_DATA, decomposition, loss_curves, time_to_target
-from reports.render import CPU_RACE_NOTE
+from reports.render import CPU_RACE_NOTE, display_frame
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHAPE = dict(workload="decoder", d_model=64, n_layers=2, n_heads=4, seq_len=64, batch_size=2,
@@ -269,7 +271,7 @@ def test_sentence_quotes_the_table(df, table):
     ppl = f"{h['ppl_change_pct']:+.1f}".replace("-", "\u2212")
     assert f"loss at the token budget {diff} nats (perplexity {ppl} %, paired t p = " \
            f"{h['loss_p']:.2g})" in s
-    assert f"at equal wall-clock ({h['t_star']:#.3g} s)" in s
+    assert f"at equal wall-clock ({h['t_star']:#.3g} s; 3 pairs) " in s
     assert training.sentences(df) == [say.training_sentence(r) for r in table.to_dict("records")]
 
 
@@ -377,5 +379,195 @@ def test_no_training_rows(tmp_path):
     assert training.runs_table(df).empty and training.comparison_table(df).empty
     assert training.sentences(df) == [] and training.smoke_runs(df) == []
     assert loss_curves(df, tmp_path) is None and time_to_target(df, tmp_path) is None
+    out = build_report([tmp_path])
+    md = out["report.md"].read_text(encoding="utf-8")
+    assert "## Training race" not in md and NO_DATA["time_to_target"] not in md
+    assert "No rows in these runs" in md and "## Cost" not in md
+    assert set(out) == {"report.md", "report.html"}  # no header-only CSV
+
+
+# --- fresh-user review: edge cases and report layout ------------------------------------------
+
+WHY_SKIPPED = "cudagraph captures CUDA work: no CUDA device here"
+
+
+def at_start_run(w: RunWriter, router: str, seed: int, dt: float = 0.1) -> None:
+    """A run at the target from step 0 (a pilot target above this seed's starting loss)."""
+    c = case(router, seed)
+    with w.unit([c["case_key"]], kind="train") as u:
+        for s in range(0, BUDGET + 1, EVERY):
+            u.write(**c, repeat=s, metric="val_loss", value=TARGET - 0.01 * s, unit="nats")
+            u.write(**c, repeat=s, metric="elapsed", value=s * dt, unit="s")
+        for metric, value, unit in (("target_loss", TARGET, "nats"),
+                                    ("step_budget", BUDGET, "steps"),
+                                    ("train_time", BUDGET * dt, "s"),
+                                    ("loss_at_token_budget", TARGET - 0.01 * BUDGET, "nats"),
+                                    ("time_to_target", 0.0, "s"), ("steps_to_target", 0, "steps"),
+                                    ("tokens_to_target", 0, "tokens")):
+            u.write(**c, metric=metric, value=value, unit=unit)
+
+
+def test_run_at_the_target_from_step_0_forms_no_ratio(tmp_path):
+    plan = {k: v for k, v in PLAN.items() if k[0] in ("prenorm", "haares") and k != ("haares", 2)}
+    write_race(tmp_path, plan, diverged=(), pilot=False)
+    with RunWriter(tmp_path, run_id="race", session="s2", base={"device": "cpu"}) as w:
+        at_start_run(w, "haares", 2)
+    df = load_frame([tmp_path])
+    h = row(training.comparison_table(df), variant="haares", baseline="prenorm")
+    ratios = [time_of("haares", s) / time_of("prenorm", s) for s in (0, 1)]
+    assert h["n"] == 2 and h["missing"] == 1 and h["censored"] == 0
+    assert h["time_ratio"] == pytest.approx(gmean_ci(ratios)[0])
+    assert h["time_per_seed"] == f"{ratios[0]:.2f}, {ratios[1]:.2f}, missing"
+    assert h["dropped"] == f"seed 2: haares {training.AT_START}"
+    assert h["loss_n"] == 3  # its loss at the budget is still a result
+    assert row(training.runs_table(df), variant="haares", seed=2)["note"] == training.AT_START
+    assert set(training.ratio_points(df)["seed"]) == {0, 1}
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
-    assert NO_DATA["time_to_target"] in md and NO_DATA["decomposition"] in md
+    assert "seed 2: haares reached the target at step 0: the target is not below the starting " \
+           "loss" in md
+
+
+def test_loss_at_equal_wall_clock_counts_the_pairs(table):
+    # T* = 5.55 s; block_attnres seed 0's clock ends at 5.4 s: that pair cannot be read at T*,
+    # seed 1 diverged (no pair), seed 2 is the one pair left.
+    h = row(table, variant="haares", baseline="block_attnres")
+    assert h["wall_n"] == 1 and h["wall_short"] == 1
+    t_star = (60 * 0.09 + 60 * 0.095) / 2
+    diff = (4 - SLOW_K * t_star / 0.13) - (4 - 2 / 52 * t_star / 0.095)
+    assert h["wall_diff"] == pytest.approx(diff)
+    s = say.training_sentence(h)
+    assert (f"; at equal wall-clock (5.55 s; 1 of 2 pairs, the other ended sooner) "
+            f"{say.fmt_signed(diff)} nats (1 pair: no test).") in s
+    assert row(training.comparison_display(table), router="haares",
+               baseline="block_attnres")["pairs at T*"] == "1 of 2"
+    full = row(table, variant="haares", baseline="prenorm")
+    assert row(training.comparison_display(table), router="haares",
+               baseline="prenorm")["pairs at T*"] == "3"
+    two_short = say.training_sentence({**full, "wall_n": 2, "wall_short": 2})
+    assert (f"at equal wall-clock (5.55 s; 2 of 4 pairs, the other 2 ended sooner) "
+            f"{say.fmt_signed(full['wall_diff'])} nats [") in two_short
+    assert f"(p = {full['wall_p']:.2g})." in two_short
+
+
+def skipped_race(run_dir, backend="cudagraph", run_id="cg", seeds=(0,)) -> None:
+    with RunWriter(run_dir, run_id=run_id, session="s", base={"device": "cpu"}) as w:
+        for seed in seeds:
+            for router in ("prenorm", "haares"):
+                c = dict(case(router, seed), backend=backend)
+                with w.unit([c["case_key"]], kind="train") as u:
+                    u.write(**c, metric="target_loss", value=2.5, unit="nats")
+                    u.write(**c, metric="time_to_target", unit="s", status="skipped",
+                            error=WHY_SKIPPED)
+
+
+def train_manifest(run_dir, run_id, **settings) -> None:
+    m = {"run_id": run_id, "command": "train", "backend": "eager", "precision": "fp32",
+         "grad_accum": 1, "eval_every": 7, "chunk": 10, "seeds": [0, 1, 2],
+         "schedule": {"schedule": "interleaved", "reason": "auto: fits"},
+         "target": {"source": "pilot", "router": "prenorm", "seed": 10000, "fraction": 0.5,
+                    "step": 154}, **settings}
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+
+
+def test_all_runs_skipped(tmp_path):
+    skipped_race(tmp_path)
+    train_manifest(tmp_path, "cg", backend="cudagraph", seeds=[0],
+                   target={"source": "given", "value": 2.5})
+    (tmp_path / "overhead.csv").write_text("run_id\n")  # stale, from an earlier report
+    df = load_frame([tmp_path])
+    table = training.comparison_table(df)
+    h = row(table, variant="haares", baseline="prenorm")
+    assert h["not_measured"] == WHY_SKIPPED and h["target_loss"] == 2.5
+    assert training.sentences(df) == [f"haares vs prenorm: not measured ({WHY_SKIPPED})."]
+    runs = training.runs_table(df)
+    assert list(runs["target_loss"]) == [2.5, 2.5]
+    assert say.runs_sentence(runs) == f"Runs: 2 measured, both skipped ({WHY_SKIPPED})."
+    out = build_report([tmp_path])
+    assert "overhead.csv" not in out and not (tmp_path / "overhead.csv").exists()
+    md = out["report.md"].read_text(encoding="utf-8")
+    assert "no seed reached" not in md and "nats on both sides" not in md
+    assert "| 2.5000 " in md  # the target of the runs table
+    assert ("Run cg: backend cudagraph, precision fp32, grad-accum 1, evaluation every 7 steps, "
+            "schedule interleaved in turns of 10 steps (auto: fits), target 2.5 nats (given), "
+            "seed 0.") in md
+
+
+def test_runs_sentence_of_one_or_many_unmeasured_runs(tmp_path):
+    skipped_race(tmp_path, seeds=(0, 1))
+    runs = training.runs_table(load_frame([tmp_path]))
+    assert say.runs_sentence(runs) == f"Runs: 4 measured, all 4 skipped ({WHY_SKIPPED})."
+    assert say.runs_sentence(runs.iloc[:1]) == f"Runs: 1 measured, skipped ({WHY_SKIPPED})."
+    md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
+    assert "Pooled over seeds" not in md and training.METHOD not in md  # nothing to pool
+
+
+def test_protocol_line_and_run_labels(tmp_path):
+    assert training.protocol_line("r1", {
+        "backend": "eager", "precision": "fp32", "grad_accum": 1, "eval_every": 7, "chunk": 10,
+        "schedule": {"schedule": "interleaved", "reason": "auto: fits"}, "seeds": [0, 1, 2],
+        "target": {"source": "pilot", "router": "prenorm", "seed": 10000, "step": 154}}) == (
+        "Run r1: backend eager, precision fp32, grad-accum 1, evaluation every 7 steps, schedule "
+        "interleaved in turns of 10 steps (auto: fits), target from a prenorm pilot (seed 10000) "
+        "at step 154, seeds 0, 1, 2.")
+    assert training.protocol_line("old", {}) == "Run old: no protocol settings recorded."
+    plan = {("prenorm", 0): (50, 0.1), ("haares", 0): (40, 0.12)}
+    dirs = []
+    for run_id, precision in (("fp", "fp32"), ("bf1", "bf16-mixed")):
+        d = tmp_path / run_id
+        with RunWriter(d, run_id=run_id, session="s", base={"device": "cpu"}) as w:
+            for (router, seed), (steps, dt) in plan.items():
+                measured_run(w, router, seed, steps, dt)
+        train_manifest(d, run_id, precision=precision, seeds=[0])
+        dirs.append(d)
+    df = load_frame(dirs)
+    manifests = tables.load_manifests(dirs)
+    said = training.sentences(df, manifests=manifests)
+    assert [s.split("]")[0] + "]" for s in said] == ["[run bf1, bf16-mixed]", "[run fp, fp32]"]
+    assert said[0].startswith("[run bf1, bf16-mixed] haares reached 2.000 nats in 0.96×")
+    one = load_frame(dirs[:1])
+    assert training.sentence_prefixes(one, training.comparison_table(one), manifests) == [""]
+    with RunWriter(tmp_path / "solo", run_id="solo", session="s", base={"device": "cpu"}) as w:
+        measured_run(w, "prenorm", 0, 50, 0.1)  # a second run without a comparison of its own
+    two = load_frame(dirs[:1] + [tmp_path / "solo"])
+    assert training.sentence_prefixes(two, training.comparison_table(two)) == ["[run fp] "]
+    md = build_report(dirs, tmp_path / "both")["report.md"].read_text(encoding="utf-8")
+    sec = md.split("## Training race: time to target loss\n\n")[1]
+    assert sec.startswith("Run bf1: backend eager, precision bf16-mixed, grad-accum 1")
+    assert sec.index("Run fp: backend eager, precision fp32") < sec.index("Protocol (MEASUREMENT")
+    assert "[run fp, fp32] haares reached" in md
+
+
+def test_train_only_report_layout(tmp_path):
+    plan = {("prenorm", 0): (50, 0.0004), ("haares", 0): (40, 0.0003)}
+    write_race(tmp_path, plan, diverged=(), pilot=False)
+    (tmp_path / "overhead.csv").write_text("run_id\n")
+    out = build_report([tmp_path])
+    assert "overhead.csv" not in out and not (tmp_path / "overhead.csv").exists()
+    md = out["report.md"].read_text(encoding="utf-8")
+    heads = [line for line in md.splitlines() if line.startswith("## ")]
+    assert heads == ["## Training race: time to target loss", "## Skipped and failed cases",
+                     "## Environment"]
+    assert md.split("\n")[2] == heads[0]  # right after the title
+    assert "routerbench run --paired" not in md and "Method: step times" not in md
+    # seconds at three significant digits: 0.02, 0.012 s to target, clocks 0.024 and 0.018 s
+    for cell in ("| 0.0200 ", "| 0.0120 ", "| 0.0240 ", "| 0.0180 "):
+        assert cell in md, cell
+    assert "at equal wall-clock (0.0180 s; 1 pair)" in md
+    # one protocol paragraph, consistent with the CPU note
+    assert md.count(training.METHOD) == 1 and CPU_RACE_NOTE in md
+    assert "interpolated linearly" in CPU_RACE_NOTE and "cadence" not in CPU_RACE_NOTE
+
+
+def test_seconds_keep_three_significant_digits():
+    assert [say.fmt_sig(x) for x in (0.01234, 0.0, 6, 12.34, 99.96, 1234.4, -0.5)] == [
+        "0.0123", "0.00", "6.00", "12.3", "100", "1234", "\u22120.500"]
+    assert say.fmt_seconds(0.0123) == "0.0123 s" and say.fmt_seconds(float("nan")) == "–"
+    shown, _ = display_frame(pd.DataFrame({"median_time_to_target": [0.0123],
+                                           "min_s": [0.012], "max_s": [250.0]}))
+    assert shown.iloc[0].tolist() == ["0.0123", "0.0120", "250"]
+
+
+def test_failed_case_label(df):
+    f = tables.failures(df)
+    dead = f[f["case_key"] == "train|block_attnres|s1|train"]
+    assert set(dead["case"]) == {"block_attnres, naive, eager, train, d=64 L=2 T=64 B=2, seed 1"}
