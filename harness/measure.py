@@ -11,7 +11,7 @@ and times a paired group's kept steps together (:mod:`harness.paired`).
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ from .cases import Case
 from .cudagraph import GraphedStep
 from .memory import cuda_peak_memory, model_tensors, saved_activation_bytes
 from .modes import make_step, prefill_for_decode
+from .noise import THRESHOLDS
 from .rundir import StagingWriter
 from .timing import TimingPolicy, time_steps, warm_up
 
@@ -47,6 +48,11 @@ class SweepOptions:
             cases are then re-run one by one to pin the failure on its case).
         case_timeout: seconds a case may go without progress under ``isolate`` before its
             process is killed as hung.
+        remeasure_s: a noisy group (:mod:`harness.noise`) is timed again while its steps are
+            held, until it is quiet, ``max_attempts`` are spent or this many seconds have passed
+            since its first timing began.
+        max_attempts: timings of one group at most (1: never re-measure).
+        noise_thresholds: the thresholds of :data:`harness.noise.THRESHOLDS` to re-measure by.
     """
 
     flops: bool = True
@@ -56,6 +62,9 @@ class SweepOptions:
     pair_order: str = "ABBA"
     isolate: bool = False
     case_timeout: float = 900.0
+    remeasure_s: float = 20.0
+    max_attempts: int = 3
+    noise_thresholds: dict = field(default_factory=lambda: dict(THRESHOLDS))
 
 
 def build_model(case: Case, device: torch.device) -> Decoder:

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from . import backends
+from . import backends, noise
 from .rundir import StagingWriter
 from .stats import MIN_PAIRS_FOR_CI, bootstrap_ratio_ci  # re-exported
 from .timing import median_iqr, synchronize, time_steps
@@ -157,7 +158,8 @@ def timing_manifest(opts: "SweepOptions") -> dict[str, Any]:
     return {"cache_state": CACHE_STATE, "l2_flush": False, "paired": opts.paired,
             "pair_order": opts.pair_order if opts.paired else None,
             "repeats": t.repeats, "warmup_min_count": t.warmup_min_count,
-            "warmup_min_s": t.warmup_min_s}
+            "warmup_min_s": t.warmup_min_s, "remeasure_s": opts.remeasure_s,
+            "max_attempts": opts.max_attempts, "noise_thresholds": dict(opts.noise_thresholds)}
 
 
 class NetOfResident:
@@ -215,13 +217,19 @@ def _fail(case: "Case", w: StagingWriter, exc: BaseException) -> str:
 
 def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], device: torch.device,
                w: StagingWriter, opts: "SweepOptions") -> dict[str, str]:
-    """Time the kept steps of a group interleaved and write their rows.
+    """Time the kept steps of a group interleaved and write their rows; re-time a noisy group.
 
     The group's prenorm goes first (it is the ``A`` of every pair), the others follow in sweep
-    order; one untimed interleaved round re-warms every step after the other cases' set-up. Rows:
-    ``step_time`` per round (``repeat`` = ``pair`` = round; no ``pair`` when the group timed a
-    single step) and, on CUDA, ``sm_clock_mhz`` before (``repeat`` 0) and after (1) the rounds.
-    If the interleaved timing fails, each step is timed alone so the failure lands on its case.
+    order; one untimed interleaved round re-warms every step after the other cases' set-up. Rows
+    of each attempt (``attempt`` = 1, 2, …): ``step_time`` per round (``repeat`` = ``pair`` =
+    round; no ``pair`` when the group timed a single step); the noise readings of
+    :mod:`harness.noise` (``cpu_util``, ``cpu_pressure``, ``load_avg`` of the group, ``iqr_rel`` and
+    ``ci_width_rel`` of the case); on CUDA ``sm_clock_mhz`` before (``repeat`` 0) and after (1).
+    While an attempt is noisy (:func:`harness.noise.noise_reasons` under
+    ``opts.noise_thresholds``), the group is timed again, its steps still held, until
+    ``opts.max_attempts`` or ``opts.remeasure_s`` seconds after the first attempt began. If the
+    interleaved timing fails, each step is timed alone (one attempt) so the failure lands on its
+    case.
 
     Returns:
         case key -> final status (``ok``, ``error`` or ``oom``).
@@ -229,30 +237,49 @@ def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], devi
     by_key = {c.key: c for c in cases if c.key in steps}
     keys = sorted(by_key, key=lambda k: by_key[k].router != BASELINE)  # stable: prenorm first
     backend = cases[0].backend
-    clocks = [sm_clock_mhz(device)]
-    try:
-        with backends.recompile_guard(backend):
-            times = time_paired({k: steps[k] for k in keys}, device, opts.timing.repeats,
-                                opts.pair_order, warmup_rounds=1)
-        paired = len(keys) > 1
-    except Exception:  # one broken step must not take the group down: find it by timing alone
-        times, paired = {}, False
-    clocks.append(sm_clock_mhz(device))
-    status: dict[str, str] = {}
-    for k in keys:
-        case = by_key[k]
-        if k not in times:
-            try:
-                with backends.recompile_guard(backend):
-                    times[k] = time_steps(steps[k], device, opts.timing.repeats)
-            except Exception as exc:  # noqa: BLE001 - recorded as the case's error row
-                status[k] = _fail(case, w, exc)
-                continue
-        for i, ms in enumerate(times[k]):
-            w.write(**case.columns(), metric="step_time", value=ms, unit="ms", repeat=i,
-                    pair=i if paired else None)
-        for i, mhz in enumerate(clocks):
-            if mhz is not None:
-                w.write(**case.columns(), metric="sm_clock_mhz", value=mhz, unit="MHz", repeat=i)
-        status[k] = "ok"
+    t_first = time.perf_counter()
+    for attempt in range(1, max(1, opts.max_attempts) + 1):
+        clocks = [sm_clock_mhz(device)]
+        try:
+            with noise.Probe() as probe, backends.recompile_guard(backend):
+                times = time_paired({k: steps[k] for k in keys}, device, opts.timing.repeats,
+                                    opts.pair_order, warmup_rounds=1)
+            paired = len(keys) > 1
+        except Exception:  # one broken step must not take the group down: find it by timing alone
+            times, paired, probe = {}, False, None
+        clocks.append(sm_clock_mhz(device))
+        status: dict[str, str] = {}
+        readings = {}
+        for k in keys:
+            case = by_key[k]
+            if k not in times:
+                try:
+                    with backends.recompile_guard(backend):
+                        times[k] = time_steps(steps[k], device, opts.timing.repeats)
+                except Exception as exc:  # noqa: BLE001 - recorded as the case's error row
+                    status[k] = _fail(case, w, exc)
+                    continue
+            for i, ms in enumerate(times[k]):
+                w.write(**case.columns(), metric="step_time", value=ms, unit="ms", repeat=i,
+                        pair=i if paired else None, attempt=attempt)
+            for i, mhz in enumerate(clocks):
+                if mhz is not None:
+                    w.write(**case.columns(), metric="sm_clock_mhz", value=mhz, unit="MHz", repeat=i,
+                            attempt=attempt)
+            m = dict(probe.metrics(device)) if probe is not None else {}
+            m["iqr_rel"] = noise.iqr_rel(times[k])
+            base = keys[0]
+            if paired and k != base and base in times and len(times[k]) >= MIN_PAIRS_FOR_CI:
+                med, lo, hi = bootstrap_ratio_ci(times[base], times[k])
+                m["ci_width_rel"] = (hi - lo) / med if med > 0 else float("nan")
+            for metric, value in m.items():
+                if value == value:  # not NaN
+                    w.write(**case.columns(), metric=metric, value=value, unit=noise.UNITS[metric],
+                            attempt=attempt)
+            readings[k] = m
+            status[k] = "ok"
+        noisy = any(noise.noise_reasons(m, opts.noise_thresholds) for m in readings.values())
+        if (probe is None or not noisy or attempt >= opts.max_attempts
+                or time.perf_counter() - t_first > opts.remeasure_s):
+            return status
     return status

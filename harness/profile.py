@@ -30,7 +30,10 @@ the last two methods (the trace is still written: it shows the fused kernels or 
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
+import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -102,6 +105,39 @@ def profile_labels(on: bool = True) -> Iterator[None]:
         decoder.PROFILE_LABELS = old
 
 
+@contextlib.contextmanager
+def lines_dropped(prefix: bytes = b"USDT:", fds: tuple[int, ...] = (1, 2)) -> Iterator[None]:
+    """Drop the lines starting with ``prefix`` that C code writes straight to the file descriptors
+    ``fds`` inside the block; every other line written there meanwhile is printed, in order, when
+    it ends. Kineto (torch >= 2.13, pytorch/kineto#1325) writes ``USDT:… profiler_start`` and
+    ``profiler_stop`` to the terminal whenever a profiler starts and stops; they tell the user
+    nothing."""
+    held = []
+    for fd in fds:
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            tmp = tempfile.TemporaryFile()
+            held.append((fd, os.dup(fd), tmp))
+            os.dup2(tmp.fileno(), fd)
+        except (OSError, ValueError, AttributeError):  # no such descriptor (a daemon): leave it
+            continue
+    try:
+        yield
+    finally:
+        for fd, old, tmp in reversed(held):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+            os.dup2(old, fd)
+            os.close(old)
+            tmp.seek(0)
+            kept = memoryview(b"".join(ln for ln in tmp if not ln.startswith(prefix)))
+            tmp.close()
+            while kept:
+                kept = kept[os.write(fd, kept):]
+
+
 def build_step(case: Case, device: torch.device) -> Callable[[], object]:
     """The case's step on its backend, as the sweep builds it (compilation happens at the first
     call; a ``cudagraph`` step is captured here)."""
@@ -132,7 +168,7 @@ def trace(step: Callable[[], object], device: torch.device, trace_dir: Path, wai
         write(prof)
         got["events"] = prof.events()
 
-    with profile_labels(labels), torch.profiler.profile(
+    with lines_dropped(b"USDT:"), profile_labels(labels), torch.profiler.profile(
             activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=on_trace_ready, record_shapes=True, with_stack=False) as prof:
         for _ in range(wait + warmup + active):
@@ -147,12 +183,13 @@ def _time(ev, cuda: bool) -> float:
     return ev.device_time_total if cuda else ev.cpu_time_total
 
 
-def _label_of(ev) -> str | None:
-    """The innermost ``router.*`` / ``sublayer.*`` label around ``ev``; None outside any, and
-    ``BACKWARD_NODE`` for events inside a backward node (not forward work)."""
+def _label_of(ev):
+    """The innermost ``router.*`` / ``sublayer.*`` label event around ``ev`` (one call of the
+    labelled region); None outside any, and ``BACKWARD_NODE`` for events inside a backward node
+    (not forward work)."""
     while ev is not None:
         if ev.name.startswith(("router.", "sublayer.")):
-            return ev.name
+            return ev
         if ev.name.startswith(BACKWARD_NODE):
             return BACKWARD_NODE
         ev = ev.cpu_parent
@@ -164,7 +201,9 @@ def label_rows(events, cuda: bool) -> tuple[list[dict], float]:
 
     Returns:
         rows (label, calls, ms_per_step) for forward labels and ``<label>.backward`` (backward
-        nodes matched to the forward label by sequence number), and the step time in ms.
+        nodes matched to the forward label by sequence number), and the step time in ms. ``calls``
+        counts calls of the labelled region per step, for ``<label>.backward`` too: the forward
+        calls whose backward ran (not the autograd nodes, a few per call).
 
     Raises:
         RuntimeError: the events hold no ``ProfilerStep#`` span or no router label.
@@ -187,19 +226,23 @@ def label_rows(events, cuda: bool) -> tuple[list[dict], float]:
                            "workloads.decoder.PROFILE_LABELS on?")
     # Forward op -> label, by (thread, sequence number). The op that creates an autograd node is
     # the last one to carry its number (the counter moves on after it), so the last wins.
-    owner: dict[tuple[int, int], str | None] = {}
+    owner: dict[tuple[int, int], object] = {}
     for e in sorted(cpu, key=lambda e: e.time_range.start):
         if e.sequence_nr >= 0 and not e.name.startswith(BACKWARD_NODE):
             label = _label_of(e)
-            if label != BACKWARD_NODE:
+            if label is not BACKWARD_NODE:
                 owner[(e.thread, e.sequence_nr)] = label
-    bwd: dict[str, list[float]] = {}
+    bwd_us: dict[str, float] = {}
+    bwd_calls: dict[str, set[int]] = {}  # the forward calls (label events) whose nodes ran
     for e in cpu:
         if e.name.startswith(BACKWARD_NODE) and e.sequence_nr >= 0:
             label = owner.get((e.fwd_thread if e.fwd_thread is not None else e.thread, e.sequence_nr))
-            if label:
-                bwd.setdefault(label + ".backward", []).append(_time(e, cuda))
-    rows += [{"label": k, "calls": len(v) / n, "ms_per_step": sum(v) / 1e3 / n} for k, v in bwd.items()]
+            if label is not None:
+                key = label.name + ".backward"
+                bwd_us[key] = bwd_us.get(key, 0.0) + _time(e, cuda)
+                bwd_calls.setdefault(key, set()).add(id(label))
+    rows += [{"label": k, "calls": len(bwd_calls[k]) / n, "ms_per_step": us / 1e3 / n}
+             for k, us in bwd_us.items()]
     return sorted(rows, key=lambda r: (not r["label"].startswith("router."), r["label"])), step_us / 1e3 / n
 
 
@@ -273,10 +316,11 @@ def profile_case(case: Case, device: torch.device, out_dir: Path | str, wait: in
 
     Returns:
         ``table`` (a DataFrame with :data:`TABLE_COLUMNS`: per ``method``, a ``router`` row, a
-        ``step`` row and the rows behind them; ``calls`` per step, counting autograd nodes for the
-        ``<label>.backward`` rows, blank for the timed methods, whose times and shares are medians
-        over pairs), ``router_share`` (%, of the first method), ``router_share_by_method``,
-        ``trace_dir``, ``trace_files``, ``csv``, ``png`` and ``memory_snapshot`` (a path or None).
+        ``step`` row and the rows behind them; ``calls`` of the labelled region per step (for a
+        ``<label>.backward`` row: the forward calls whose backward ran), blank for the timed
+        methods, whose times and shares are medians over pairs), ``router_share`` (%, of the
+        first method), ``router_share_by_method``, ``trace_dir``, ``trace_files``, ``csv``,
+        ``png`` and ``memory_snapshot`` (a path or None).
 
     Raises:
         ValueError: bad ``methods``, schedule or ``pairs``; the backend cannot run on ``device``.

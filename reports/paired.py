@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from harness import noise
 from harness.paired import bootstrap_ratio_ci, median_iqr  # noqa: E402
 
 from . import tables  # noqa: E402
@@ -35,13 +36,15 @@ VARIANT_KEYS = ("router", "options", "impl", "variant")
 SAME_CASE = ("backend", "compile_mode", "mode", "workload", *tables.SHAPE_COLS, "seed", "variant")
 CONF = 0.95
 COLUMNS = [*(k for k in PAIR_KEYS if k != "session"), *VARIANT_KEYS, "pairs", "median_ms",
-           "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi"]
+           "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi", "attempts",
+           "noisy"]
 
 #: Report headers and number formats (merged into :data:`reports.render.COLUMN_STYLE`).
 COLUMN_STYLE = {
     "pairs": ("pairs", None), "prenorm_iqr_ms": ("prenorm IQR (ms)", "{:.3f}"),
     "ratio": ("ratio to prenorm (median of pairs)", "{:.3f}"),
     "ratio_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "ratio_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
+    "attempts": ("timings", None), "noisy": ("noisy (last timing)", None),
 }
 METHOD = (f"Paired timing: in each run, the routers of one backend, mode and shape were timed "
           f"interleaved with prenorm in one process (ABBA rounds unless the manifest says "
@@ -73,9 +76,13 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
         :data:`COLUMNS`: the group and variant, ``pairs`` (rounds present on both sides),
         ``median_ms``/``iqr_ms`` (router) and ``prenorm_ms``/``prenorm_iqr_ms`` over those
         rounds, ``ratio`` (median of router/prenorm per round), ``ratio_lo``/``ratio_hi`` (the
-        bootstrap interval). Groups without prenorm give no rows; empty input, an empty frame.
+        bootstrap interval), ``attempts`` (timings of the group; the last is used) and ``noisy``
+        (why the last timing of either side crossed a threshold of :mod:`harness.noise`, ``""``
+        when quiet; thresholds from ``df.attrs["noise_thresholds"]``, else the defaults). Groups
+        without prenorm give no rows; empty input, an empty frame.
     """
     rows = paired_rows(df)
+    why = noise_by_case(df, df.attrs.get("noise_thresholds"))
     out = []
     for gk, g in rows.groupby(list(PAIR_KEYS), dropna=False, sort=False):
         base_rows = g[g["router"] == tables.BASELINE]
@@ -92,12 +99,29 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
             a, b = base[common].tolist(), mine[common].tolist()
             ratio, lo, hi = bootstrap_ratio_ci(a, b, n_boot=n_boot, conf=conf, seed=seed)
             (med, iqr), (bmed, biqr) = median_iqr(b), median_iqr(a)
+            reasons = [f"{side}: {r}" for side, rows_ in (("router", v), ("prenorm", base_rows))
+                       for r in why.get(rows_["case_key"].iloc[0], [])]
             out.append({**dict(zip(PAIR_KEYS, gk)), **dict(zip(VARIANT_KEYS, vk)),
                         "pairs": len(common), "median_ms": med, "iqr_ms": iqr, "prenorm_ms": bmed,
-                        "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi})
+                        "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
+                        "attempts": int(v["attempts"].max()) if "attempts" in v else 1,
+                        "noisy": "; ".join(reasons)})
     if not out:
         return pd.DataFrame(columns=COLUMNS)
     return tables.sort_cases(pd.DataFrame(out))[COLUMNS].reset_index(drop=True)
+
+
+def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None) -> dict[str, list[str]]:
+    """case key -> why its last timing was noisy (:func:`harness.noise.noise_reasons` of its
+    noise readings under ``thresholds``, default :data:`harness.noise.THRESHOLDS`); quiet cases
+    and cases without readings (records from before noise was measured) are absent."""
+    readings = df[df["metric"].isin(list(noise.UNITS)) & (df["status"] == "ok") & df["value"].notna()]
+    out = {}
+    for key, g in readings.groupby("case_key", sort=False):
+        reasons = noise.noise_reasons(dict(zip(g["metric"], g["value"])), thresholds or noise.THRESHOLDS)
+        if reasons:
+            out[key] = reasons
+    return out
 
 
 def _panel(t: pd.DataFrame) -> pd.Series:

@@ -312,6 +312,24 @@ _FAILURE_FOLDED = ("case_key", "router", "options", "impl", "backend", "compile_
                    "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed")
 
 
+def _warnings(df: pd.DataFrame) -> list[str]:
+    """What the reader must know before trusting a number: problems met reading the records, and
+    timed groups whose last timing was noisy (:mod:`harness.noise`; their ratios are flagged in
+    the paired table)."""
+    out = [f"Records: {p}" for p in df.attrs.get("record_problems", [])]
+    noisy = paired.noise_by_case(df, df.attrs.get("noise_thresholds"))
+    if noisy:
+        timed = tables.ok_rows(df, "step_time")["case_key"].nunique()
+        retimed = int((df.drop_duplicates("case_key")["attempts"] > 1).sum()) if "attempts" in df else 0
+        first = df.drop_duplicates("case_key").set_index("case_key", drop=False)
+        examples = "; ".join(f"{tables.case_label(first.loc[k])}: {', '.join(r)}"
+                             for k, r in list(noisy.items())[:5])
+        out.append(f"Noise: {len(noisy)} of {timed} timed cases were noisy in their last timing "
+                   f"({retimed} cases were timed more than once); their absolute times are unreliable, "
+                   f"their paired ratios are flagged (column \"noisy\"). E.g. {examples}.")
+    return out
+
+
 def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path | None]
                    ) -> tuple[str, list[Section]]:
     """The report's title and sections from the long frame, its run directories and its figures
@@ -324,7 +342,8 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
     manifests = tables.load_manifests(run_dirs)
     has_cost = not tables.cost_rows(df).empty
     has_train = not training.train_rows(df).empty
-    sections = _cost_sections(df, figs, manifests) if has_cost else []
+    sections = [Section("Warnings", [("text", w) for w in warnings])] if (warnings := _warnings(df)) else []
+    sections += _cost_sections(df, figs, manifests) if has_cost else []
     if has_train:
         sections.append(Section("Training race: time to target loss",
                                 _training_blocks(df, figs, manifests)))
@@ -396,13 +415,16 @@ def render_html(title: str, sections: list[Section]) -> str:
     return "\n".join(parts)
 
 
-def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) -> dict[str, Path]:
+def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None,
+                 noise_thresholds: dict | None = None) -> dict[str, Path]:
     """Tables, figures and the report of one or more runs.
 
     Args:
         run_dirs: run directories (``results/<device-slug>/<run-id>/``), each with
             ``records.jsonl`` and, ideally, ``manifest.json``.
         out_dir: where to write; defaults to the run directory when there is exactly one.
+        noise_thresholds: thresholds of a noisy group (:data:`harness.noise.THRESHOLDS` keys);
+            None: the defaults.
 
     Returns:
         File name -> path of everything written: ``report.md``, ``report.html``,
@@ -426,6 +448,7 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     df = tables.load_frame(paths)
+    df.attrs["noise_thresholds"] = noise_thresholds  # None: harness.noise.THRESHOLDS
     names = {run: (m.get("environment") or {}).get("device_name") or m.get("device_name")
              for run, m in tables.load_manifests(paths).items()}
     df["device_name"] = [names.get(r) or d for r, d in zip(df["run_id"], df["device"])]

@@ -37,7 +37,7 @@ BASE_KEYS = ("run_id", "backend", "compile_mode", "mode", "workload", *SHAPE_COL
 STATIC_KEYS = ("router", "options", "impl", "workload", *SHAPE_COLS, "variant")
 TRAIN_KEYS = ("run_id", "router", "options", "variant", "seed")
 
-_NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair")
+_NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair", "attempt")
 _TEXT = tuple(c for c in COLUMNS if c not in _NUMERIC + ("value",))
 #: Factor from a time ``unit`` to milliseconds.
 TO_MS = {"ms": 1.0, "s": 1e3, "us": 1e-3, "ns": 1e-6}
@@ -83,11 +83,16 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
         numeric (int64 where no value is missing); text columns with nulls as ``""``. Added:
         ``options`` (``router_options`` as ``"k=v, ..."``) and ``variant`` (the router, its impl
         when the router has several, and its options: the legend label of figures).
+        ``df.attrs["record_problems"]``: the problems met reading the records (unparsable lines,
+        units that do not match their end marker, an unfinished tail, schema-1 records), one line
+        each naming the file and line numbers, for a report to show; ``[]`` when none. Each is
+        also warned once as a :class:`harness.records.RecordsWarning`.
 
     Raises:
         FileNotFoundError: when a run directory has no ``records.jsonl``.
     """
-    df = pd.DataFrame(load_rows(run_dir_paths(run_dirs), finished_only=finished_only),
+    problems: list[str] = []
+    df = pd.DataFrame(load_rows(run_dir_paths(run_dirs), finished_only=finished_only, problems=problems),
                       columns=list(COLUMNS))
     for c in _NUMERIC + ("value",):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
@@ -95,13 +100,29 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
             df[c] = df[c].astype("int64")
     for c in _TEXT:
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    df = last_attempt(df)
     df["options"] = pd.Series([_options_label(r) for r in df["router_options"]], index=df.index,
                               dtype=str)
     impls = df.groupby("router")["impl"].nunique() if len(df) else pd.Series(dtype=int)
     df["variant"] = pd.Series([
         r + (f" [{i}]" if impls.get(r, 1) > 1 else "") + (f" ({o})" if o else "")
         for r, i, o in zip(df["router"], df["impl"], df["options"])], index=df.index, dtype=str)
+    df.attrs["record_problems"] = problems
     return df
+
+
+def last_attempt(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep, of each case, only the timing rows of its last attempt (a noisy group is timed again;
+    every attempt is recorded, ``harness.noise``); rows without an attempt number (FLOPs, memory,
+    rows written before re-measuring existed) are kept. Adds ``attempts``: the case's number of
+    timings (1 when it was timed once)."""
+    att = pd.to_numeric(df["attempt"], errors="coerce")
+    last = att.groupby(df["case_key"]).transform("max").fillna(1)
+    keep = att.isna() | (att == last)
+    out = df[keep].copy()
+    out["attempts"] = last[keep].astype("int64")
+    out.attrs = dict(df.attrs)
+    return out
 
 
 def ok_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -21,7 +21,15 @@ py="$VENV/bin/python"
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$(cat "$stamp")" = "$TORCH_SPEC" ]; then
   exit 0
 fi
-quiet() { "$@" 2>&1 | grep -v -e "^WARNING: Location" -e "^\s*$" || true; }
+# pip's output less the noise of this machine's index config and setuptools' note that every
+# editable install gets ("Editable installation. Please be careful with folders…", shown by pip
+# >= 26 even with -q); anything else is printed, and a failing pip fails the script.
+quiet() {
+  local out rc=0
+  out=$(PYTHONWARNINGS="ignore:Editable installation${PYTHONWARNINGS:+,$PYTHONWARNINGS}" "$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -v -e "^WARNING: Location" -e "^\s*$" || true
+  return "$rc"
+}
 echo "setup: installing $TORCH_SPEC and routerbench into $VENV"
 "$py" -m pip install -q --upgrade pip
 if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}' else 1)" 2>/dev/null; then

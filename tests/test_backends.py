@@ -20,7 +20,7 @@ from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
 CFG = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
-FAST = SweepOptions(flops=False, timing=TimingPolicy(warmup_min_count=2, warmup_min_s=0.0, repeats=3))
+FAST = SweepOptions(flops=False, timing=TimingPolicy(warmup_min_count=2, warmup_min_s=0.0, repeats=3), max_attempts=1)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # every router once, plus the two-phase path of the detail router with the most sources
 VARIANTS = [(n, "naive") for n in sorted(ROUTERS)] + [("wav_v1", "two_phase")]

@@ -29,7 +29,7 @@ def test_list_shows_every_router():
 
 def test_run_end_to_end_and_resume(tmp_path):
     args = ["run", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2",
-            "--repeats", "2", "--warmup-s", "0", "--backends", "eager", "--impls", "naive", "--no-train",
+            "--repeats", "2", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager", "--impls", "naive", "--no-train",
             "--out", tmp_path, "--run-id", "r1", "--quiet"]
     res = invoke(*args)
     assert res.exit_code == 0, res.output
@@ -50,6 +50,26 @@ def test_run_end_to_end_and_resume(tmp_path):
     lines = read_jsonl(run_dir / "records.jsonl")
     assert len(lines) == n_lines and END in lines[-1]  # nothing appended, still ends in a marker
     assert not (run_dir / LEGACY_DONE_FILE).exists()
+
+
+def test_summary_leaves_vs_eager_blank_on_eager_rows(tmp_path):
+    from harness.rundir import RunWriter
+    shape = dict(router="prenorm", impl="naive", mode="fwd", workload="decoder", d_model=16, n_layers=2,
+                 n_heads=2, seq_len=8, batch_size=2, dtype="float32", seed=0)
+    with RunWriter(tmp_path, "s", "s1") as w:
+        for backend, cm, ms in (("eager", None, 2.0), ("compile", "default", 1.0)):
+            with w.unit([backend]) as u:
+                for i in range(3):
+                    u.write(case_key=backend, backend=backend, compile_mode=cm, **shape, repeat=i,
+                            metric="step_time", value=ms, unit="ms")
+    res = invoke("summary", tmp_path)
+    assert res.exit_code == 0, res.output
+    header, *lines = res.output.strip().splitlines()
+    names = header.split()
+    cells = [ln.split()[:1] + ln.split()[4:] for ln in lines]  # the shape "d16 L2 T8 B2" is 4 words
+    by = {c[names.index("backend")]: dict(zip(names, c)) for c in cells}
+    assert by["eager"]["vs_eager"] == "–"  # not the constant 1.00
+    assert by["compile[default]"]["vs_eager"] == "0.50"
 
 
 @pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"real text absent: {SHAKESPEARE}")

@@ -26,7 +26,7 @@ from workloads.config import DecoderConfig
 
 TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
 TIMING = TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=3)
-PAIRED = SweepOptions(flops=False, timing=TIMING, paired=True)
+PAIRED = SweepOptions(flops=False, timing=TIMING, paired=True, max_attempts=1)
 CPU = torch.device("cpu")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -193,7 +193,7 @@ def test_compiled_models_of_a_group_coexist_without_recompiling(tmp_path):
 
 def test_cli_paired_flag_and_manifest(tmp_path):
     base = ["run", "--routers", "prenorm,haares", "--widths", "16", "--depths", "2", "--modes", "fwd",
-            "--repeats", "2", "--warmup-s", "0", "--backends", "eager", "--impls", "naive",
+            "--repeats", "2", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager", "--impls", "naive",
             "--no-train", "--no-report", "--no-flops", "--quiet", "--out", str(tmp_path)]
     for flag, rid in (("--paired", "p"), ("--no-paired", "u")):
         res = CliRunner().invoke(main, base + [flag, "--run-id", rid], catch_exceptions=False)

@@ -15,7 +15,7 @@ from harness import backends
 from harness.cases import Case
 from harness.cli import main
 from harness.modes import lm_loss
-from harness.profile import METHODS, check_methods, profile_case, profile_labels
+from harness.profile import METHODS, check_methods, lines_dropped, profile_case, profile_labels
 from harness.records import load_rows, units
 from harness.rundir import RunWriter
 from harness.timing import TimingPolicy
@@ -55,6 +55,7 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
     assert 0 < router_ms < step_ms
     assert 0 < by.loc["router", "share_pct"] < 100
     assert by.loc["router.read", "calls"] == 2 * CFG.n_layers  # one read per sublayer and step
+    assert by.loc["router.read.backward", "calls"] == 2 * CFG.n_layers  # calls, not autograd nodes
     assert by.loc["router.read.backward", "ms_per_step"] > 0  # fwd_bwd: backward nodes attributed
     assert (run_dir / "router_share.png").stat().st_size > 0
 
@@ -69,6 +70,44 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
     again = invoke("profile", "--config", run_dir / "spec.toml", "--out", tmp_path, "--run-id", "t")
     assert again.exit_code == 0 and "nothing left to do" in again.output, again.output
     assert len(units(run_dir)) == 1 and len(list((run_dir / "trace").glob("*.json"))) == 1
+
+
+def test_calls_count_calls_of_the_labelled_region_forward_and_backward(tmp_path, capfd):
+    """L layers: 2L reads and 2L writes per step, each with its backward; the count is per step over
+    the active steps, never the autograd nodes of a call (once 193 for router.read.backward)."""
+    cfg = CFG.replace(n_layers=3)
+    case = Case("haares", cfg, "fwd_bwd", "eager", impl="two_phase")
+    t = profile_case(case, torch.device("cpu"), tmp_path, wait=0, warmup=1, active=2)["table"]
+    calls = t.set_index("label")["calls"]
+    assert calls["router.read"] == calls["router.read.backward"] == 2 * cfg.n_layers
+    assert calls["router.write"] == 2 * cfg.n_layers
+    assert calls["sublayer.attn"] == calls["sublayer.attn.backward"] == cfg.n_layers
+    assert calls["router.init"] == calls["router.output"] == calls["router.output.backward"] == 1
+    labelled = calls.dropna()
+    assert (labelled == labelled.round()).all()  # whole calls per step
+    out, err = capfd.readouterr()
+    assert "USDT:" not in out + err  # kineto's start/stop notices do not reach the terminal
+
+
+def test_lines_dropped_keeps_every_other_line_in_order(capfd):
+    import os
+    with lines_dropped(b"USDT:"):
+        os.write(2, b"USDT:2026 profiler_start\nkept on stderr\n")
+        os.write(1, b"kept on stdout\nUSDT: profiler_stop\nand this\n")
+    out, err = capfd.readouterr()
+    assert out == "kept on stdout\nand this\n" and err == "kept on stderr\n"
+
+
+def test_impl_defaults_to_two_phase_where_the_router_has_it():
+    from harness.spec import ProfileSpec, load
+
+    def impl(router):
+        spec, labels = load(ProfileSpec, {"router": router, "device": "cpu"}, None)
+        return spec.resolve(labels).profile.impl
+
+    assert impl("haares") == "two_phase" and impl("rezero") == "naive"  # as the README's example
+    help_text = " ".join(invoke("profile", "--help").output.split())
+    assert "default: two_phase where the router has it" in help_text
 
 
 def test_paired_difference_and_router_only_methods(tmp_path):

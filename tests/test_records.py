@@ -10,8 +10,8 @@ import pytest
 
 from harness import faults
 from harness.records import (ABORTED_DIR, END, LOCK_FILE, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE,
-                             SCHEMA_VERSION, aborted_summary, completed_cases, iter_units, load_rows,
-                             lock_holder, read_jsonl)
+                             SCHEMA_VERSION, RecordsWarning, aborted_summary, completed_cases, iter_units,
+                             load_rows, lock_holder, read_jsonl, scan_records)
 from harness.rundir import DiskFullError, RunLockedError, RunWriter
 from routers.errors import ConfigError
 
@@ -66,7 +66,9 @@ def test_a_dead_writers_pending_unit_and_torn_tail_are_recovered(tmp_path):
     w.close()
     with open(tmp_path / RECORDS_FILE, "ab") as fh:  # and a commit torn half-way
         fh.write(b'{"case_key": "c", "schema": 2, "resume_unit": "x"}\n{"case_key": "c", "sch')
-    assert [r["case_key"] for r in load_rows([tmp_path])] == ["a", "a"]  # the reader drops the tail
+    with pytest.warns(RecordsWarning, match=r"lines 4–5 after the last end marker: an unfinished unit "
+                      r"\(1 row, 1 unparsable\), not read as results"):
+        assert [r["case_key"] for r in load_rows([tmp_path])] == ["a", "a"]  # the tail is not results
     w2 = RunWriter(tmp_path, "r", "s2")
     assert w2.recovered == {"torn_tail_bytes": len(b'{"case_key": "c", "schema": 2, "resume_unit": "x"}\n'
                                                    b'{"case_key": "c", "sch'), "pending_units": 1}
@@ -80,16 +82,61 @@ def test_a_dead_writers_pending_unit_and_torn_tail_are_recovered(tmp_path):
     assert [r["case_key"] for r in load_rows([tmp_path])] == ["a", "a", "b"]
 
 
-def test_a_block_that_does_not_match_its_marker_is_dropped(tmp_path):
+def test_a_unit_that_does_not_match_its_marker_loads_with_a_problem_and_counts_as_done(tmp_path):
     with RunWriter(tmp_path, "r", "s1") as w:
         with w.unit(["a"]) as u:
             rows_of(u, "a", 2)
-    lines = (tmp_path / RECORDS_FILE).read_text().splitlines()
+    path = tmp_path / RECORDS_FILE
+    lines = path.read_text().splitlines()
     marker = json.loads(lines[-1])
-    marker["rows"] = 3  # a count that the block does not hold
-    (tmp_path / RECORDS_FILE).write_text("\n".join(lines[:-1] + [json.dumps(marker)]) + "\n")
-    assert load_rows([tmp_path]) == [] and completed_cases(tmp_path) == {}
-    assert list(iter_units(tmp_path / RECORDS_FILE)) == []
+    marker["rows"] = 3  # a count that the unit does not hold
+    path.write_text("\n".join(lines[:-1] + [json.dumps(marker)]) + "\n")
+    problems = []
+    with pytest.warns(RecordsWarning, match="line 3: the end marker of unit s1-0001 counts 3 rows but 2"):
+        assert [r["repeat"] for r in load_rows([tmp_path], problems=problems)] == [0, 1]
+    assert len(problems) == 1 and problems[0].startswith(f"{path} line 3: ")
+    assert completed_cases(tmp_path) == {"a": "ok"}  # a resume does not measure it twice
+    assert [len(rows) for _, rows in iter_units(path)] == [2]
+    before = path.read_bytes()
+    with RunWriter(tmp_path, "r", "s2") as w:  # the writer agrees: nothing to cut
+        assert w.recovered["torn_tail_bytes"] == 0 and w.completed == {"a": "ok"}
+    assert path.read_bytes() == before
+    row = json.loads(lines[0])
+    row["resume_unit"] = "elsewhere"  # a row under another unit's marker
+    path.write_text("\n".join([json.dumps(row)] + lines[1:]) + "\n")
+    units_, problems = scan_records(path)
+    assert [len(rows) for _, rows in units_] == [2]
+    assert problems == [f"{path} line 1: rows of resume_unit elsewhere before the end marker of unit "
+                        "s1-0001 (line 3); loaded with that unit"]
+
+
+def test_unparsable_and_truncated_lines_are_reported_by_line_and_no_valid_row_is_lost(tmp_path):
+    with RunWriter(tmp_path, "r", "s1") as w:
+        with w.unit(["a"]) as u:
+            rows_of(u, "a", 3)
+        with w.unit(["b"]) as u:
+            rows_of(u, "b", 2)
+    path = tmp_path / RECORDS_FILE
+    lines = path.read_text().splitlines()  # 1-3 rows of a, 4 its marker, 5-6 rows of b, 7 its marker
+    lines[1] = lines[1][:25]  # a row garbled in the middle of the file
+    path.write_text("\n".join(lines) + "\n" + '{"case_key": "c", "sche')  # and a truncated last line
+    problems = []
+    with pytest.warns(RecordsWarning) as caught:
+        rows = load_rows([tmp_path], problems=problems)
+    assert [(r["case_key"], r["repeat"]) for r in rows] == [("a", 0), ("a", 2), ("b", 0), ("b", 1)]
+    assert problems == [
+        f"{path} line 2: unparsable, skipped (unit s1-0001: 2 of 3 rows loaded)",
+        f"{path} line 8 after the last end marker: an unfinished unit (0 rows, 1 unparsable), not read as "
+        f"results; the next writer moves them to {ABORTED_DIR}/"]
+    assert [str(c.message) for c in caught if c.category is RecordsWarning] == problems  # each once
+    assert completed_cases(tmp_path) == {"a": "ok", "b": "ok"}
+    from reports.tables import load_frame
+    with pytest.warns(RecordsWarning):
+        df = load_frame([tmp_path])
+    assert len(df) == 4 and df.attrs["record_problems"] == problems
+    with RunWriter(tmp_path, "r", "s2") as w:  # the writer cuts exactly the tail the reader skipped
+        assert w.recovered["torn_tail_bytes"] == len('{"case_key": "c", "sche')
+    assert scan_records(path)[1] == problems[:1]
 
 
 def test_one_writer_per_run_directory(tmp_path):
@@ -138,8 +185,12 @@ def test_schema_1_directories_are_still_read(tmp_path):
            {"case_key": "b", "session": "s2", "metric": "step_time", "value": 3.0}]
     (tmp_path / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in old))
     (tmp_path / "done.jsonl").write_text(json.dumps({"case_key": "a", "session": "s2"}) + "\n")
-    rows = load_rows([tmp_path])
+    problems = []
+    with pytest.warns(RecordsWarning, match=r"schema 1 records \(an older routerbench\): read, never"):
+        rows = load_rows([tmp_path], problems=problems)
     assert [(r["case_key"], r["value"]) for r in rows] == [("a", 2.0), ("b", 3.0)]
+    assert problems == [f"{tmp_path / RECORDS_FILE}: schema 1 records (an older routerbench): read, "
+                        "never extended"]
     assert completed_cases(tmp_path) == {"a": "ok"}
     with pytest.raises(ConfigError, match="--run-id r: .* schema 1 .* choose another --run-id"):
         RunWriter(tmp_path, "r", "s3")  # read, never extended: old and new rows would mix

@@ -35,7 +35,7 @@ N_CASES = 3 * 2 * 2
 
 
 def start(args, out: Path, run_id: str, env=None, repeats=40) -> subprocess.Popen:
-    return subprocess.Popen(CLI + args + ["--repeats", str(repeats), "--out", str(out), "--run-id", run_id],
+    return subprocess.Popen(CLI + args + ["--repeats", str(repeats), "--max-attempts", "1", "--out", str(out), "--run-id", run_id],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
 
@@ -191,7 +191,8 @@ def test_an_injected_oom_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "oom:haares|*")
     with RunWriter(tmp_path, "r", "s") as w:
         stats = run_sweep(cases, torch.device("cpu"), w, SweepOptions(
-            flops=False, timing=TimingPolicy(repeats=2, warmup_min_s=0, warmup_min_count=1)), progress=False)
+            flops=False, timing=TimingPolicy(repeats=2, warmup_min_s=0, warmup_min_count=1), max_attempts=1),
+            progress=False)
     assert stats == {"resumed": 0, "ok": 2, "oom": 1}
     rows = load_rows([tmp_path])
     oom = [r for r in rows if r["status"] == "oom"]

@@ -234,7 +234,7 @@ def test_defaults_resolve_to_the_device_suite():
 
 def test_a_finished_runs_spec_repeats_its_case_set(tmp_path):
     args = ["run", "--routers", "prenorm,haares", "--widths", "16", "--depths", "2", "--modes", "fwd",
-            "--repeats", "2", "--warmup-s", "0", "--backends", "eager", "--impls", "naive,two_phase",
+            "--repeats", "2", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager", "--impls", "naive,two_phase",
             "--no-train", "--no-report", "--no-flops", "--quiet", "--out", str(tmp_path), "--run-id", "first"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output

@@ -31,7 +31,7 @@ def run_dirs(results) -> list[Path]:
     return out
 
 
-def write_report(dirs, out=None) -> None:
+def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
     """Build the report of ``dirs`` and say where it is.
 
     Raises:
@@ -42,7 +42,7 @@ def write_report(dirs, out=None) -> None:
         raise ConfigError(f"{len(dirs)} runs given ({', '.join(str(d) for d in dirs[:3])}"
                           f"{', …' if len(dirs) > 3 else ''}): give --out DIR for their joint report")
     try:
-        paths = build_report(dirs, out)
+        paths = build_report(dirs, out, noise_thresholds)
     except OSError as exc:
         raise ConfigError(f"--out {out or dirs[0]}: cannot write the report there "
                           f"({exc.strerror or exc}); give --out a writable directory") from None
@@ -52,9 +52,27 @@ def write_report(dirs, out=None) -> None:
 @click.command("report")
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", default=None, metavar="DIR", help="Output dir (default: the run dir when there is one).")
-def report_cmd(results, out) -> None:
+@click.option("--noise-thresholds", default=None, metavar="JSON",
+              help='Thresholds of a noisy group, e.g. \'{"cpu_pressure_max": 0.3}\' (keys and defaults: '
+                   "harness/noise.py THRESHOLDS).")
+def report_cmd(results, out, noise_thresholds) -> None:
     """Tables, seaborn figures, report.html and report.md from run dirs (or folders holding them)."""
-    write_report(run_dirs(results), out)
+    import json
+
+    from ..noise import check_thresholds
+    thresholds = None
+    if noise_thresholds is not None:
+        try:
+            given = json.loads(noise_thresholds)
+        except json.JSONDecodeError:
+            given = None
+        if not isinstance(given, dict):
+            raise ConfigError(f"--noise-thresholds must be a JSON object of thresholds, got {noise_thresholds!r}")
+        try:
+            thresholds = check_thresholds(given)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    write_report(run_dirs(results), out, thresholds)
 
 
 @click.command("summary")
@@ -66,6 +84,7 @@ def summary_cmd(results) -> None:
     if t.empty:
         click.echo("no ok step_time rows")
         return
+    t.loc[t.backend == "eager", "vs_eager"] = float("nan")  # eager against itself is 1.00 always: "–"
     t = t.assign(shape=t.apply(lambda r: f"d{r.d_model} L{r.n_layers} T{r.seq_len} B{r.batch_size}", axis=1),
                  backend=t.backend + t.compile_mode.map(lambda m: f"[{m}]" if m else ""))
     cols = ["shape", "mode", "backend", "router", "impl", "median_ms", "overhead_pct", "vs_eager", "setup_s"]

@@ -23,7 +23,8 @@ class Profiling:
     router: str | None = option("str", "The router to profile (required; `routerbench list`).",
                                 choices=lambda: tuple(sorted(ROUTERS)))
     router_options: dict | None = option("table", 'JSON options of this router: \'{"n_blocks": 2}\'.')
-    impl: str | None = option("str", "Router implementation (default: the router's first).")
+    impl: str | None = option("str", "Router implementation (default: two_phase where the router has it, "
+                              "as the block routers do; naive otherwise).")
     backend: str | None = option("str", "eager (default), compile or cudagraph.", choices=tuple(BACKENDS))
     compile_mode: str | None = option("str", "Mode of the compile backend (default: default).",
                                       choices=tuple(m for m in BACKENDS["compile"] if m))
@@ -74,7 +75,8 @@ class ProfileSpec:
         if named is not None and p.impl is not None and named != p.impl:
             raise ConfigError(f"{L('profile.impl')} {p.impl} contradicts impl={named!r} in "
                               f"{L('profile.router_options')}; give one of them")
-        impl = p.impl or named or offered[0]
+        # the fast implementation by default, as the race and the README's example use
+        impl = p.impl or named or ("two_phase" if "two_phase" in offered else offered[0])
         if impl not in offered:
             raise ConfigError(f"{L('profile.impl')} {impl!r}: router {p.router} offers {', '.join(offered)}")
         backend = p.backend or "eager"

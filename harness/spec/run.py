@@ -13,6 +13,7 @@ from ..cases import Case, expand
 from ..measure import SweepOptions
 from ..modes import MODES
 from ..paired import ORDERS
+from ..noise import check_thresholds
 from ..timing import TimingPolicy
 from .base import Labels, given, option
 from .parts import (NOT_IN_FILE, absolute, Grid, Output, RouterSet, base_shape, preset_base, check_heads, check_router_set,
@@ -59,6 +60,15 @@ class Timing:
                                  "with prenorm, for per-pair ratios with CIs (default: on).")
     pair_order: str | None = option("str", "Round order of --paired: ABBA (default) reverses the order "
                                     "every round.", choices=ORDERS)
+    remeasure_s: float | None = option("float", "Seconds a noisy group may be timed again, its steps "
+                                       "held, counted from its first timing (default: 20; 0: never).",
+                                       min=0)
+    max_attempts: int | None = option("int", "Timings of one group at most, the first included "
+                                      "(default: 3).", min=1)
+    noise_thresholds: dict | None = option("table", "Thresholds of a noisy group as JSON, e.g. "
+                                           '{"cpu_pressure_max": 0.3} (keys: cpu_util_min, '
+                                           "cpu_pressure_max, iqr_rel_max, ci_width_rel_max; defaults in "
+                                           "harness/noise.py).", metavar="JSON")
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,10 @@ class RunSpec:
             CharCorpus.open(race.data, L("race.data"))  # the corpus's own checks, one line each
         paired = t.paired is not False
         isolate = bool(sw.isolate)
+        try:
+            thresholds = check_thresholds(t.noise_thresholds, L("timing.noise_thresholds"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return replace(
             self,
             shape=resolved_shape(s, base, widths=tuple(widths), depths=tuple(depths)),
@@ -151,7 +165,9 @@ class RunSpec:
                           flops=sw.flops is not False, isolate=isolate,
                           case_timeout=(sw.case_timeout or 900.0) if isolate else None),
             timing=replace(t, repeats=t.repeats or 10, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
-                           paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None),
+                           paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None,
+                           remeasure_s=20.0 if t.remeasure_s is None else t.remeasure_s,
+                           max_attempts=t.max_attempts or 3, noise_thresholds=thresholds),
             race=replace(race, train=train, data=absolute(race.data) if train else None, train_steps=(race.train_steps or 300) if train else None,
                          target_loss=(race.target_loss or 1.9) if train else None),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
@@ -177,7 +193,10 @@ class RunSpec:
         t, sw = self.timing, self.sweep
         return SweepOptions(flops=sw.flops, timing=TimingPolicy(repeats=t.repeats, warmup_min_s=t.warmup_s),
                             paired=t.paired, pair_order=t.pair_order or "ABBA", isolate=sw.isolate,
-                            case_timeout=sw.case_timeout or 900.0)
+                            case_timeout=sw.case_timeout or 900.0,
+                            remeasure_s=20.0 if t.remeasure_s is None else t.remeasure_s,
+                            max_attempts=t.max_attempts or 3,
+                            noise_thresholds=check_thresholds(t.noise_thresholds))
 
     def race_routers(self) -> list[str]:
         """The routers of the smoke race: prenorm and haares where selected, else the first two."""

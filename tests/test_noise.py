@@ -1,0 +1,113 @@
+"""Noise readings of a timed group, the noisy flag, and re-measuring a noisy group while its steps
+are held (harness/noise.py, harness/paired.time_group)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from harness import noise
+from harness.cases import expand
+from harness.records import load_rows
+from harness.rundir import RunWriter
+from harness.sweep import SweepOptions, run_sweep
+from harness.timing import TimingPolicy
+from workloads.config import DecoderConfig
+
+TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
+OPTS = SweepOptions(flops=False, memory=False, paired=True,
+                    timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=6))
+CPU = torch.device("cpu")
+NEVER = {"cpu_util_min": 0.0, "cpu_pressure_max": 1.0, "iqr_rel_max": 1e9, "ci_width_rel_max": 1e9}
+ALWAYS = dict(NEVER, cpu_util_min=1e9)  # no process reaches 1e9 × its threads
+
+
+def test_thresholds_flag_each_reading_and_ignore_missing_ones():
+    quiet = {"cpu_util": 0.9, "cpu_pressure": 0.01, "iqr_rel": 0.02, "ci_width_rel": 0.03}
+    assert noise.noise_reasons(quiet) == []
+    loud = {"cpu_util": 0.2, "cpu_pressure": 0.6, "iqr_rel": 0.5, "ci_width_rel": 0.4}
+    assert noise.noise_reasons(loud) == ["cpu_util 0.20 < 0.35", "cpu_pressure 0.60 > 0.2",
+                                         "iqr_rel 0.50 > 0.15", "ci_width_rel 0.40 > 0.15"]
+    assert noise.noise_reasons({"cpu_pressure": float("nan")}) == []
+    assert noise.noise_reasons({"iqr_rel": 0.2}, noise.check_thresholds({"iqr_rel_max": 0.25})) == []
+    with pytest.raises(ValueError, match="unknown threshold 'iqr'"):
+        noise.check_thresholds({"iqr": 1})
+    with pytest.raises(ValueError, match="cpu_util_min must be a number >= 0"):
+        noise.check_thresholds({"cpu_util_min": -1})
+    assert noise.iqr_rel([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0 / 3.0)
+
+
+def _sweep(tmp_path, opts) -> pd.DataFrame:
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
+    with RunWriter(tmp_path, "r", "s") as w:
+        run_sweep(cases, CPU, w, opts, progress=False)
+    return pd.DataFrame(load_rows([tmp_path]))
+
+
+def test_a_noisy_group_is_timed_again_and_every_attempt_is_kept(tmp_path):
+    df = _sweep(tmp_path / "a", replace(OPTS, noise_thresholds=ALWAYS, max_attempts=3, remeasure_s=600))
+    st = df[df.metric == "step_time"]
+    assert sorted(set(st.attempt)) == [1, 2, 3]
+    assert st.groupby(["router", "attempt"]).size().tolist() == [6] * 6  # every attempt whole
+    readings = df[df.metric.isin(["cpu_util", "load_avg", "iqr_rel", "ci_width_rel"])]
+    assert set(readings.metric) >= {"cpu_util", "iqr_rel", "ci_width_rel"}
+    assert set(readings[readings.metric == "ci_width_rel"].router) == {"haares"}  # the ratio's side
+    # A quiet group, or no time left, is timed once.
+    for opts in (replace(OPTS, noise_thresholds=NEVER), replace(OPTS, noise_thresholds=ALWAYS, remeasure_s=0)):
+        d = tmp_path / f"q{len(list(tmp_path.iterdir()))}"
+        assert set(_sweep(d, opts).query("metric == 'step_time'").attempt) == {1}
+
+
+def _spin(stop):
+    while not stop.is_set():
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(noise._pressure_us() is None, reason="no /proc/pressure/cpu (Linux PSI) here")
+def test_a_group_timed_under_load_is_flagged_noisy(tmp_path):
+    """The same group timed quiet, then with four busy processes on the cores: the loaded timing's
+    readings cross the thresholds (the quiet one's may too on a busy machine; it is not asserted)."""
+    opts = replace(OPTS, max_attempts=1)
+    quiet = _sweep(tmp_path / "quiet", opts)
+    stop = mp.Event()
+    spinners = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(4)]
+    for p in spinners:
+        p.start()
+    time.sleep(0.5)
+    try:
+        loaded = _sweep(tmp_path / "loaded", opts)
+    finally:
+        stop.set()
+        for p in spinners:
+            p.join(timeout=10)
+    def reasons(df):
+        m = df[df.router == "haares"].set_index("metric")["value"]
+        return noise.noise_reasons(m.to_dict())
+    assert reasons(loaded), loaded[loaded.metric.isin(list(noise.UNITS))][["metric", "value"]]
+    slow = (loaded[loaded.metric == "step_time"].value.median() /
+            quiet[quiet.metric == "step_time"].value.median())
+    print(f"loaded/quiet median step time {slow:.1f}x; quiet reasons {reasons(quiet)}")
+
+
+def test_the_report_uses_the_last_attempt_and_flags_noise_by_its_thresholds(tmp_path):
+    from reports import build_report, load_frame
+    d = tmp_path / "r"
+    _sweep(d, replace(OPTS, noise_thresholds=ALWAYS, max_attempts=2, remeasure_s=600))
+    df = load_frame([d])
+    st = df[df.metric == "step_time"]
+    assert set(st.attempt) == {2} and st.groupby("router").size().tolist() == [6, 6]
+    assert set(df.drop_duplicates("case_key").attempts) == {2}
+    build_report([d], tmp_path / "loud", noise_thresholds=ALWAYS)
+    table = pd.read_csv(tmp_path / "loud" / "paired.csv")
+    assert table.attempts.tolist() == [2] and "router: cpu_util" in table.noisy[0]
+    md = (tmp_path / "loud" / "report.md").read_text()
+    assert md.index("## Warnings") < md.index("|") and "Noise: 2 of 2 timed cases were noisy" in md
+    build_report([d], tmp_path / "quiet", noise_thresholds=NEVER)
+    assert pd.read_csv(tmp_path / "quiet" / "paired.csv").noisy.isna().all()
+    assert "## Warnings" not in (tmp_path / "quiet" / "report.md").read_text()
