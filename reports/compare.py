@@ -29,6 +29,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from . import paired, render, tables  # noqa: E402
+from .figures import save_png  # noqa: E402
 
 #: What makes two runs' step times the same case (run and device may differ).
 CASE = ("router", "options", "impl", "backend", "compile_mode", "mode", "workload",
@@ -175,8 +176,7 @@ def step_time_compare(df: pd.DataFrame, labels: list[str]) -> tuple[pd.DataFrame
 def _save(g, out_dir: Path, name: str, data: pd.DataFrame) -> Path:
     """Save the figure as ``<name>.png`` with its data as ``<name>.csv`` beside it."""
     path = out_dir / f"{name}.png"
-    g.figure.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(g.figure)
+    save_png(g.figure, path, DPI)
     data.to_csv(path.with_suffix(".csv"), index=False)
     return path
 

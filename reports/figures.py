@@ -41,12 +41,31 @@ NO_DATA = {
 }
 
 
-def _save(fig: plt.Figure, out_dir: Path | str, name: str) -> Path:
-    path = Path(out_dir) / f"{name}.png"
+#: Widest PNG a report embeds, in pixels (the HTML page is 1,200 px wide).
+MAX_WIDTH_PX = 1200
+
+
+def png_size(path: Path | str) -> tuple[int, int]:
+    """(width, height) in pixels of a PNG file, from its IHDR chunk."""
+    head = Path(path).read_bytes()[16:24]
+    return int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+
+
+def save_png(fig: plt.Figure, path: Path | str, dpi: int = DPI) -> Path:
+    """Save ``fig`` (tight bounding box) at ``dpi``, lowered when needed so the image is at most
+    :data:`MAX_WIDTH_PX` wide, and close it."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    width = png_size(path)[0]
+    if width > MAX_WIDTH_PX:
+        fig.savefig(path, dpi=int(dpi * MAX_WIDTH_PX / width) - 1, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _save(fig: plt.Figure, out_dir: Path | str, name: str) -> Path:
+    return save_png(fig, Path(out_dir) / f"{name}.png")
 
 
 def _hue(df: pd.DataFrame, data: pd.DataFrame) -> dict:

@@ -193,11 +193,8 @@ def paired_ratio_figure(df: pd.DataFrame, out_dir: Path | str,
                     bbox_to_anchor=(1.0, 0.95), frameon=False)
     g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI"
                       + (", repeated runs side by side" if compare else ""), y=1.03)
-    path = Path(out_dir) / "paired_ratios.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    g.figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(g.figure)
-    return path
+    from .figures import save_png
+    return save_png(g.figure, Path(out_dir) / "paired_ratios.png", 110)
 
 
 #: Figures of this module, by name (the report adds them to :data:`reports.figures.FIGURES`).

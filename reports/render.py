@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.records import MANIFEST_FILE, aborted_summary
 
-from . import figures, paired, sentences, tables, training
+from . import figures, paired, sentences, summary, tables, training
 
 CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
                  "Time, steps and tokens to target are interpolated linearly between the two "
@@ -57,6 +57,7 @@ CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;
 color:#222;line-height:1.45}table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.88em}
 th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right}th{background:#f2f2f2}
 td:first-child,th:first-child{text-align:left}img{max-width:100%}h1{font-size:1.5em}
+.toc{background:#f7f7f7;padding:.4em 1em;margin:1em 0}.toc ol{margin:.3em 0}
 h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em}.note{color:#555}"""
 
 
@@ -327,6 +328,54 @@ def _warnings(df: pd.DataFrame) -> list[str]:
         out.append(f"Noise: {len(noisy)} of {timed} timed cases were noisy in their last timing "
                    f"({retimed} cases were timed more than once); their absolute times are unreliable, "
                    f"their paired ratios are flagged (column \"noisy\"). E.g. {examples}.")
+    return out + consistency_warnings(df)
+
+
+#: How far a paired and an unpaired ratio to prenorm may differ (relative) before they disagree.
+RATIO_TOLERANCE = 0.10
+#: Each mode does strictly more work than the one before it, so it must not be faster.
+MODE_ORDER = ("fwd", "fwd_bwd", "train_step")
+
+
+def consistency_warnings(df: pd.DataFrame, tolerance: float = RATIO_TOLERANCE) -> list[str]:
+    """Numbers that the data itself contradicts, as sentences: a case whose ``fwd`` is slower than
+    its ``fwd_bwd`` (or ``fwd_bwd`` slower than ``train_step``), a paired and an unpaired ratio to
+    prenorm that differ by more than ``tolerance``, skipped backends, and no CUDA device."""
+    out = []
+    st = tables.step_time_summary(df)
+    if not st.empty:
+        keys = [k for k in tables.CASE_KEYS if k != "mode"]
+        med = st.pivot_table(index=keys, columns="mode", values="median_ms", aggfunc="first")
+        for lighter, heavier in zip(MODE_ORDER, MODE_ORDER[1:]):
+            if lighter in med and heavier in med:
+                bad = med[med[lighter] > med[heavier]]
+                if len(bad):
+                    who = ", ".join(f"{r['variant']} {r['backend']} d={r['d_model']} L={r['n_layers']}"
+                                    for r in bad.reset_index().head(5).to_dict("records"))
+                    out.append(f"Inconsistent: {len(bad)} case(s) whose {lighter} step is slower than "
+                               f"its {heavier} step ({who}); their absolute times are not to be trusted.")
+        pt = paired.paired_ratio_table(df)
+        ov = tables.overhead_table(df)
+        if not pt.empty and not ov.empty:
+            on = [k for k in ("run_id", "backend", "compile_mode", "mode", "workload", *tables.SHAPE_COLS,
+                              "variant") if k in pt and k in ov]
+            both = pt.merge(ov[[*on, "overhead_pct"]], on=on)
+            unpaired = 1 + both["overhead_pct"] / 100
+            off = both[(unpaired / both["ratio"] - 1).abs() > tolerance]
+            if len(off):
+                who = ", ".join(f"{r['variant']} {r['mode']} {r['backend']}: paired {r['ratio']:.2f}, "
+                                f"unpaired {1 + r['overhead_pct'] / 100:.2f}"
+                                for r in off.head(5).to_dict("records"))
+                out.append(f"Inconsistent: {len(off)} paired and unpaired ratios to prenorm differ by "
+                           f"more than {tolerance:.0%} ({who}); trust the paired ratio, whose two sides "
+                           "ran under the same load.")
+    skipped = df[(df["metric"] == "step_time") & (df["status"] == "skipped")]
+    for backend, g in skipped.groupby("backend"):
+        out.append(f"Skipped: backend {backend} ({g['case_key'].nunique()} cases): "
+                   f"{g['error'].iloc[0]}.")
+    if len(df) and not (df["device"].astype(str).str.startswith("cuda")).any():
+        out.append("No CUDA device: every time here is a CPU time; the routers' costs on a GPU "
+                   "(and the papers' claims) can differ widely.")
     return out
 
 
@@ -342,11 +391,26 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
     manifests = tables.load_manifests(run_dirs)
     has_cost = not tables.cost_rows(df).empty
     has_train = not training.train_rows(df).empty
-    sections = [Section("Warnings", [("text", w) for w in warnings])] if (warnings := _warnings(df)) else []
+    sections = []
+    if has_cost:
+        said, table = summary.cost_sentences(df)
+        if said:
+            top = Section("Summary: what each router costs", [("text", x) for x in said])
+            if figs.get("paired_ratios"):
+                top.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm (median and "
+                                   "95 % bootstrap CI)"))
+            top.blocks.append(("text", summary.METHOD))
+            top.blocks += _table_blocks(table, "")
+            sections.append(top)
+    train = (Section("Training race: time to target loss", _training_blocks(df, figs, manifests))
+             if has_train else None)
+    if train is not None and not has_cost:  # a training run: its sentences are the summary
+        sections.append(train)
+    if warnings := _warnings(df):
+        sections.append(Section("Warnings", [("text", w) for w in warnings]))
     sections += _cost_sections(df, figs, manifests) if has_cost else []
-    if has_train:
-        sections.append(Section("Training race: time to target loss",
-                                _training_blocks(df, figs, manifests)))
+    if train is not None and has_cost:
+        sections.append(train)
     if not (has_cost or has_train):
         sections.append(Section("Results", [("text", "No rows in these runs: no cost-sweep "
                                                      "rows and no training rows.")]))
@@ -395,9 +459,11 @@ def render_html(title: str, sections: list[Section]) -> str:
     base64 PNG data URIs."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>"]
-    for s in sections:
-        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+             f"<h1>{html.escape(title)}</h1>", '<nav class="toc"><strong>Contents</strong><ol>']
+    parts += [f'<li><a href="#s{i}">{html.escape(s.title)}</a></li>' for i, s in enumerate(sections, 1)]
+    parts.append("</ol></nav>")
+    for i, s in enumerate(sections, 1):
+        parts.append(f'<h2 id="s{i}">{html.escape(s.title)}</h2>')
         for kind, *rest in s.blocks:
             if kind == "text":
                 parts.append(f'<p class="note">{html.escape(rest[0])}</p>')

@@ -107,7 +107,79 @@ def test_the_report_uses_the_last_attempt_and_flags_noise_by_its_thresholds(tmp_
     table = pd.read_csv(tmp_path / "loud" / "paired.csv")
     assert table.attempts.tolist() == [2] and "router: cpu_util" in table.noisy[0]
     md = (tmp_path / "loud" / "report.md").read_text()
-    assert md.index("## Warnings") < md.index("|") and "Noise: 2 of 2 timed cases were noisy" in md
+    assert md.index("## Summary") < md.index("## Warnings") < md.index("## Cost")
+    assert "Noise: 2 of 2 timed cases were noisy" in md and "(noisy group)" in md.split("## Warnings")[0]
     build_report([d], tmp_path / "quiet", noise_thresholds=NEVER)
     assert pd.read_csv(tmp_path / "quiet" / "paired.csv").noisy.isna().all()
-    assert "## Warnings" not in (tmp_path / "quiet" / "report.md").read_text()
+    assert "Noise:" not in (tmp_path / "quiet" / "report.md").read_text()
+
+
+def _rows(w, router, mode, times):
+    for i, ms in enumerate(times):
+        w.write(case_key=f"{router}|{mode}", router=router, impl="naive", backend="eager", mode=mode,
+                workload="decoder", d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2,
+                dtype="float32", seed=0, metric="step_time", value=ms, unit="ms", repeat=i, pair=i, attempt=1)
+
+
+def test_numbers_the_data_contradicts_become_warnings(tmp_path):
+    from reports import build_report, load_frame
+    from reports.render import consistency_warnings
+    with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            # fwd: under a load drift the medians mislead (5.0 unpaired) while the pairs say 1.1
+            _rows(u, "prenorm", "fwd", [1, 1, 1, 10, 10])
+            _rows(u, "haares", "fwd", [5, 5, 1.1, 11, 11])
+            # fwd_bwd faster than fwd: impossible without noise
+            _rows(u, "prenorm", "fwd_bwd", [2, 2, 2, 2, 2])
+            _rows(u, "haares", "fwd_bwd", [2.2, 2.2, 2.2, 2.2, 2.2])
+    warn = consistency_warnings(load_frame([tmp_path]))
+    assert any("whose fwd step is slower than its fwd_bwd step (haares eager d=16 L=2)" in x for x in warn)
+    assert any("paired 1.10, unpaired 5.00" in x for x in warn)
+    assert warn[-1].startswith("No CUDA device")
+    paths = build_report([tmp_path], tmp_path / "rep")
+    page = paths["report.html"].read_text()
+    # contents, then the summary's sentence and figure before the first table
+    toc, summary = page.index('<nav class="toc">'), page.index('<h2 id="s1">Summary: what each router costs')
+    assert toc < summary < page.index("haares naive over prenorm") < page.index("<img") < page.index("<table")
+    assert page.index('<h2 id="s2">Warnings</h2>') < page.index('<h2 id="s3">Cost')
+    from reports.figures import MAX_WIDTH_PX, png_size
+    assert all(png_size(p)[0] <= MAX_WIDTH_PX for n, p in paths.items() if n.endswith(".png"))
+
+
+def _rows_b(w, router, backend, times, d=16):
+    for i, ms in enumerate(times):
+        w.write(case_key=f"{router}|{backend}|{d}", router=router, impl="naive", backend=backend,
+                compile_mode="default" if backend == "compile" else None, mode="fwd_bwd",
+                workload="decoder", d_model=d, n_layers=2, n_heads=2, seq_len=8, batch_size=2,
+                dtype="float32", seed=0, metric="step_time", value=ms, unit="ms", repeat=i, pair=i, attempt=1)
+
+
+def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
+    from reports import load_frame
+    from reports.summary import cost_sentences
+    with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            for backend, ratio in (("eager", 1.2), ("compile", 1.1)):
+                _rows_b(u, "prenorm", backend, [1.0] * 6)
+                _rows_b(u, "haares", backend, [ratio] * 6)
+                _rows_b(u, "prenorm", backend, [1.0] * 6, d=8)   # a smaller shape: not the summary's
+                _rows_b(u, "haares", backend, [3.0] * 6, d=8)
+            _rows_b(u, "prenorm", "eager", [1.0] * 6, d=32)      # the largest shape, but imprecise
+            _rows_b(u, "haares", "eager", [0.5, 2.0, 0.6, 1.9, 0.7, 2.1], d=32)
+    said, table = cost_sentences(load_frame([tmp_path]))
+    row = table.iloc[0]
+    assert (row.d_model, row.eager_hi - row.eager_lo > 0.25 * row.eager_ratio) == (32, True)
+    assert said == ["haares naive over prenorm at d=32, 2 layers, T=8, B=2, fwd_bwd: imprecise eager "
+                    "(CI wider than 25% of the ratio)."]
+    d2 = tmp_path / "two"
+    with RunWriter(d2, "r", "s", base={"device": "cpu"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            for backend, ratio in (("eager", 1.2), ("compile", 1.1)):
+                _rows_b(u, "prenorm", backend, [1.0] * 6)
+                _rows_b(u, "haares", backend, [ratio] * 6)
+    said, table = cost_sentences(load_frame([d2]))
+    row = table.iloc[0]
+    eager, comp = round((row.eager_ratio - 1) * 100), round((row.compile_ratio - 1) * 100)
+    assert (eager, comp) == (20, 10)
+    assert said == [f"haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +{eager} % eager "
+                    f"[CI {eager} to {eager} %]; +{comp} % compiled [CI {comp} to {comp} %]."]

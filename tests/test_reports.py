@@ -170,7 +170,8 @@ def test_build_report_writes_everything(run_dir):
         assert CPU_RACE_NOTE in text and NO_DATA["compile_vs_eager"] in text
         assert "cudagraph needs CUDA; this machine has none" in text
     heads = [line for line in md.splitlines() if line.startswith("## ")]
-    assert heads[0].startswith("## Cost") and heads[-3:] == [
+    # top-down: the warnings (CPU here; no paired rows, so no summary), then the detail sections
+    assert heads[:2] == ["## Warnings", "## Cost: step time, FLOPs and memory vs prenorm"] and heads[-3:] == [
         "## Training race: time to target loss", "## Skipped and failed cases", "## Environment"]
     fails = md.split("## Skipped and failed cases")[1]
     assert "| prenorm, naive, cudagraph, fwd, d=64 L=2 " in fails

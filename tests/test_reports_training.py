@@ -545,7 +545,7 @@ def test_train_only_report_layout(tmp_path):
     assert "overhead.csv" not in out and not (tmp_path / "overhead.csv").exists()
     md = out["report.md"].read_text(encoding="utf-8")
     heads = [line for line in md.splitlines() if line.startswith("## ")]
-    assert heads == ["## Training race: time to target loss", "## Skipped and failed cases",
+    assert heads == ["## Training race: time to target loss", "## Warnings", "## Skipped and failed cases",
                      "## Environment"]
     assert md.split("\n")[2] == heads[0]  # right after the title
     assert "routerbench run --paired" not in md and "Method: step times" not in md

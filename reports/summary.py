@@ -1,0 +1,93 @@
+"""What each router costs, at a glance: one row per router and impl, one sentence per row.
+
+The summary is built from paired statistics only (MEASUREMENT.md, "Noise on shared machines"):
+the overhead over ``prenorm`` is the per-pair ratio of :func:`reports.paired.paired_ratio_table`
+with its bootstrap interval, eager and compiled each from its own interleaved group; the saved
+activations come from :func:`reports.tables.overhead_table` (a count, not a timing). Per router and
+impl the row is taken at the largest shape (width, then depth) of the heaviest mode timed
+(``train_step``, else ``fwd_bwd``, else ``fwd``). A ratio whose interval is wider than
+:data:`TOLERANCE` (relative to the ratio) is written "imprecise", never as a number; a ratio from a
+noisy group says so.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from . import paired, tables
+from .sentences import MINUS
+
+#: Widest interval, relative to its ratio ((hi − lo) / ratio), that is still quoted as a number.
+TOLERANCE = 0.25
+MODES = ("train_step", "fwd_bwd", "fwd")
+METHOD = ("Each sentence quotes the row of the table below: the per-pair step-time ratio to prenorm "
+          "(median of the pairs, 95 % bootstrap CI) of the interleaved eager group and of the compiled "
+          "group, at the largest shape of the heaviest mode timed, and the saved activations as a "
+          f"multiple of prenorm's. A ratio whose CI is wider than {TOLERANCE:.0%} of it is "
+          "'imprecise'; unpaired medians are in the detail tables below.")
+COLUMNS = ["router", "impl", "mode", "d_model", "n_layers", "seq_len", "batch_size",
+           "eager_ratio", "eager_lo", "eager_hi", "eager_noisy", "compile_ratio", "compile_lo",
+           "compile_hi", "compile_noisy", "saved_ratio"]
+
+
+def _pick(t: pd.DataFrame) -> pd.DataFrame:
+    """Of each router and impl, the rows at the heaviest mode and largest shape it was timed at."""
+    t = t.assign(_m=t["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES)))
+    t = t.sort_values(["_m", "d_model", "n_layers"], ascending=[True, False, False], kind="stable")
+    first = t.drop_duplicates(["router", "impl"])[["router", "impl", "mode", "d_model", "n_layers"]]
+    return t.merge(first, on=["router", "impl", "mode", "d_model", "n_layers"])
+
+
+def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per router and impl (prenorm excluded): :data:`COLUMNS`; ratios are router /
+    prenorm (×), NaN where that backend was not paired at that shape."""
+    pt = paired.paired_ratio_table(df)
+    if pt.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    pt = pt[pt["mode"].isin(MODES)]
+    eager = _pick(pt[pt["backend"] == "eager"]) if (pt["backend"] == "eager").any() else _pick(pt)
+    keys = ["router", "impl", "mode", *tables.SHAPE_COLS]
+    out = eager[keys].copy()
+    for backend in ("eager", "compile"):
+        b = pt[pt["backend"] == backend][[*keys, "ratio", "ratio_lo", "ratio_hi", "noisy"]]
+        b = b.drop_duplicates(keys).rename(columns={"ratio": f"{backend}_ratio", "ratio_lo": f"{backend}_lo",
+                                                    "ratio_hi": f"{backend}_hi", "noisy": f"{backend}_noisy"})
+        out = out.merge(b, on=keys, how="left")
+    ov = tables.overhead_table(df)
+    if not ov.empty:
+        ov = ov[ov["backend"] == "eager"][[*keys, "saved_ratio"]].drop_duplicates(keys)
+        out = out.merge(ov, on=keys, how="left")
+    return out.reindex(columns=COLUMNS).reset_index(drop=True)
+
+
+def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str) -> str:
+    """``+36 % eager [CI 29 to 41 %]``, or why the number is not given."""
+    if ratio != ratio:
+        return ""
+    if hi != hi or lo != lo or (hi - lo) / ratio > TOLERANCE:
+        return f"imprecise {label} (CI wider than {TOLERANCE:.0%} of the ratio)"
+
+    def pct(x: float, sign: str = "+") -> str:
+        return f"{(x - 1) * 100:{sign}.0f}".replace("-", MINUS)
+
+    text = f"{pct(ratio)} % {label} [CI {pct(lo, '')} to {pct(hi, '')} %]"
+    return text + (" (noisy group)" if isinstance(noisy, str) and noisy else "")
+
+
+def cost_sentence(r: dict) -> str:
+    """One sentence of a :func:`cost_summary` row, e.g. "haares two_phase over prenorm at d=256,
+    12 layers, T=256, B=4, fwd_bwd: +36 % eager [CI 29 to 41 %]; +16 % compiled [CI 10 to 21 %];
+    1.40× the saved activations."."""
+    parts = [p for p in (_pct(r["eager_ratio"], r["eager_lo"], r["eager_hi"], r["eager_noisy"], "eager"),
+                         _pct(r["compile_ratio"], r["compile_lo"], r["compile_hi"], r["compile_noisy"],
+                              "compiled")) if p]
+    if r.get("saved_ratio") == r.get("saved_ratio") and r.get("saved_ratio") is not None:
+        parts.append(f"{r['saved_ratio']:.2f}× the saved activations")
+    return (f"{r['router']} {r['impl']} over prenorm at d={r['d_model']}, {r['n_layers']} layers, "
+            f"T={r['seq_len']}, B={r['batch_size']}, {r['mode']}: " + "; ".join(parts) + ".")
+
+
+def cost_sentences(df: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
+    """The summary sentences and the table they quote."""
+    t = cost_summary(df)
+    return [cost_sentence(r) for r in t.to_dict("records")], t
