@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.records import MANIFEST_FILE, aborted_summary
 
-from . import figures, paired, sentences, summary, tables, training
+from . import figures, floor, paired, sentences, summary, tables, training
 
 CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
                  "Time, steps and tokens to target are interpolated linearly between the two "
@@ -49,6 +49,8 @@ COLUMN_STYLE = {
     "train_time": ("training clock (s)", sentences.fmt_sig),
 }
 COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
+COLUMN_STYLE.update(floor.COLUMN_STYLE)
+COLUMN_STYLE.update(summary.COLUMN_STYLE)
 #: Case columns that, when equal in every row, move into a sentence above the table.
 _COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "mode", "workload",
            *tables.SHAPE_COLS, "device", "seed")
@@ -304,7 +306,12 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                                                             "compile_mode"))
     pairs.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm")
                         if figs.get("paired_ratios") else ("text", paired.NO_DATA))
-    return [cost, pairs, backends, models]
+    floor_t = floor.floor_table(df)
+    floors = Section("Physical floor: the router's extra bytes over the memory bandwidth",
+                     [("text", floor.FLOOR_METHOD)])
+    floors.blocks += _table_blocks(floor_t, floor.NO_TABLE, drop=("variant",),
+                                   split=("run_id", "mode", "backend", "compile_mode"))
+    return [cost, pairs, floors, backends, models]
 
 
 #: Columns of a failed case folded into its label (:func:`reports.tables.case_label`); the case
@@ -521,6 +528,7 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None,
     written: dict[str, Path] = {}
     for name, frame in (("overhead.csv", tables.overhead_table(df)),
                         ("paired.csv", paired.paired_ratio_table(df)),
+                        ("floor.csv", floor.floor_table(df)),
                         ("training_runs.csv", training.runs_table(df)),
                         ("training_comparison.csv", training.comparison_table(df))):
         if not frame.empty:  # like a figure: only when the runs hold its data

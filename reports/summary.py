@@ -30,6 +30,15 @@ COLUMNS = ["router", "impl", "mode", "d_model", "n_layers", "seq_len", "batch_si
            "compile_hi", "compile_noisy", "saved_ratio"]
 
 
+#: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).
+COLUMN_STYLE = {
+    "eager_ratio": ("eager / prenorm (×)", "{:.3f}"), "eager_lo": ("eager CI low", "{:.3f}"),
+    "eager_hi": ("eager CI high", "{:.3f}"), "eager_noisy": ("eager noisy", None),
+    "compile_ratio": ("compiled / prenorm (×)", "{:.3f}"), "compile_lo": ("compiled CI low", "{:.3f}"),
+    "compile_hi": ("compiled CI high", "{:.3f}"), "compile_noisy": ("compiled noisy", None),
+}
+
+
 def _pick(t: pd.DataFrame) -> pd.DataFrame:
     """Of each router and impl, the rows at the heaviest mode and largest shape it was timed at."""
     t = t.assign(_m=t["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES)))

@@ -41,6 +41,8 @@ _NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "
 _TEXT = tuple(c for c in COLUMNS if c not in _NUMERIC + ("value",))
 #: Factor from a time ``unit`` to milliseconds.
 TO_MS = {"ms": 1.0, "s": 1e3, "us": 1e-3, "ns": 1e-6}
+#: Metrics of a run as a whole, not of a case (:mod:`harness.bandwidth`): no router, no shape.
+RUN_METRICS = ("mem_bandwidth", "mem_bandwidth_nominal")
 
 
 def run_dir_paths(run_dirs: Iterable[Path | str]) -> list[Path]:
@@ -83,7 +85,8 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
         numeric (int64 where no value is missing); text columns with nulls as ``""``. Added:
         ``options`` (``router_options`` as ``"k=v, ..."``) and ``variant`` (the router, its impl
         when the router has several, and its options: the legend label of figures).
-        ``df.attrs["record_problems"]``: the problems met reading the records (unparsable lines,
+        ``df.attrs["run_rows"]``: the rows (dicts) of :data:`RUN_METRICS` (the run's memory
+        bandwidth), kept out of the frame since they describe no case. ``df.attrs["record_problems"]``: the problems met reading the records (unparsable lines,
         units that do not match their end marker, an unfinished tail, schema-1 records), one line
         each naming the file and line numbers, for a report to show; ``[]`` when none. Each is
         also warned once as a :class:`harness.records.RecordsWarning`.
@@ -94,6 +97,9 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
     problems: list[str] = []
     df = pd.DataFrame(load_rows(run_dir_paths(run_dirs), finished_only=finished_only, problems=problems),
                       columns=list(COLUMNS))
+    run_level = df["metric"].isin(RUN_METRICS)
+    run_rows = df[run_level].assign(value=lambda r: pd.to_numeric(r["value"], errors="coerce"))
+    df = df[~run_level].reset_index(drop=True)
     for c in _NUMERIC + ("value",):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
         if c != "value" and len(df) and df[c].notna().all():
@@ -108,6 +114,7 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
         r + (f" [{i}]" if impls.get(r, 1) > 1 else "") + (f" ({o})" if o else "")
         for r, i, o in zip(df["router"], df["impl"], df["options"])], index=df.index, dtype=str)
     df.attrs["record_problems"] = problems
+    df.attrs["run_rows"] = run_rows.to_dict("records")  # plain rows: pandas compares attrs
     return df
 
 

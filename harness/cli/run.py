@@ -21,6 +21,7 @@ def run_cmd(config, **cli) -> None:
     --widths and --depths override either."""
     from workloads.config import preset
 
+    from ..bandwidth import record_bandwidth
     from ..sweep import run_sweep
     from ..train import TrainConfig
 
@@ -38,6 +39,7 @@ def run_cmd(config, **cli) -> None:
                   **({"corpus": corpus_info(corpus)} if corpus else {})})
     run.announce(f"  ({len(cases)} cost cases)")
     with run.guarded(lambda: [c.key for c in cases] + [k for *_, k in runs]):
+        record_bandwidth(run.writer, run.device, opts.timing)  # once per run: the floor's bandwidth
         stats = run_sweep(cases, run.device, run.writer, opts, progress=not spec.output.quiet)
         click.echo(f"cost sweep: {stats}")
         if runs:

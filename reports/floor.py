@@ -1,0 +1,172 @@
+"""The physical floor of a router's overhead (issue 10, item 6).
+
+A router's extra work is memory-bound, so its least possible cost is its extra bytes over the
+device's memory bandwidth. Per paired case of the cost sweep:
+
+    extra bytes = factor(mode) · B·T · 2L · d · (io(router) − io(prenorm)) · bytes per element
+    floor_ms    = extra bytes / measured bandwidth                   (GB/s = 1e9 bytes/s)
+
+``io`` is :meth:`routers.Router.ideal_io_per_token`, the ideal I/O model of the Attention
+Residuals paper (Kimi Team, arXiv:2603.15031, Table 1): residual-stream traffic per token and
+sublayer, in units of d elements, every input of a fused step read once and every output written
+once, block routers on the two-phase schedule, parameters amortised to 0, the readout not counted.
+prenorm's own 3d (read h, read u, write h) is subtracted, so the floor is the traffic a router adds
+to the standard residual. The bandwidth is the run's own ``mem_bandwidth`` rows
+(:mod:`harness.bandwidth`, a timed device-to-device copy), median over repeats.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.bandwidth import METRIC, NOMINAL_METRIC
+from routers import build_router
+from workloads.config import DTYPES
+
+from . import tables
+from .paired import paired_ratio_table
+
+#: Bytes of a step as a multiple of the forward's, per mode (the byte model of the backward).
+MODE_FACTOR = {"fwd": 1, "fwd_bwd": 3, "train_step": 3}
+BYTE_MODEL = (
+    "Byte model: forward = B·T tokens × 2L sublayers × d × (ideal_io(router) − ideal_io(prenorm)) "
+    "× bytes per element of the run's dtype, with ideal_io the Attention Residuals paper's Table 1 "
+    "I/O model (elements of width d per token and sublayer; each input of a fused step read once, "
+    "each output written once; block routers on the two-phase schedule; parameters and the readout "
+    "count 0). Backward = 2 × forward: each fused step's backward reads again the sources its "
+    "forward read and the gradient of what it wrote, and writes (accumulates) the gradient of each "
+    "source it read, the usual 1:2 forward:backward ratio of a memory-bound op. So fwd = 1×, "
+    "fwd_bwd = 3× the forward bytes; train_step = 3× too (the optimizer touches only the router's "
+    "parameters, amortised to 0 per token). decode is not modelled.")
+FLOOR_METHOD = (
+    "Physical floor: a router's extra work is memory-bound, so its least possible cost is its "
+    "extra bytes over the device's memory bandwidth, measured in the run as a timed "
+    "device-to-device copy (read + write, GB/s = 1e9 bytes/s, median of repeats). floor_ms = extra "
+    "bytes / bandwidth; floor share = floor_ms / prenorm's median step (same pairs) × 100; "
+    "overhead = (paired ratio − 1) × 100; × floor = overhead / floor share, how many times its "
+    "floor the implementation pays. " + BYTE_MODEL)
+NO_TABLE = ("No floor: it needs paired step times of prenorm and another router in modes "
+            "fwd, fwd_bwd or train_step (a run with a mem_bandwidth row gives the floor in ms).")
+
+COLUMNS = ["run_id", "router", "options", "impl", "variant", "backend", "compile_mode", "mode",
+           "workload", *tables.SHAPE_COLS, "device", "extra_bytes", "bandwidth_gbs", "nominal_gbs",
+           "floor_ms", "prenorm_ms", "floor_share_pct", "overhead_pct", "over_floor"]
+#: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).
+COLUMN_STYLE = {
+    "extra_bytes": ("extra router bytes / step (model)", "{:.3g}"),
+    "bandwidth_gbs": ("measured bandwidth (GB/s)", "{:.0f}"),
+    "nominal_gbs": ("nominal bandwidth (GB/s)", "{:.0f}"),
+    "floor_ms": ("floor (ms)", "{:.4f}"), "floor_share_pct": ("floor (% of prenorm)", "{:.2f}"),
+    "over_floor": ("× floor", "{:.1f}"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _io(router: str, d_model: int, n_layers: int, options: str) -> float:
+    return build_router(router, d_model, n_layers, **json.loads(options or "{}")).ideal_io_per_token()
+
+
+def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict | None = None) -> float:
+    """ideal_io(router) − ideal_io(prenorm): extra elements of width d per token and sublayer.
+
+    Args:
+        router: a registered router name.
+        options: its options (``impl`` is ignored: the model is implementation-independent).
+
+    Raises:
+        routers.errors.ConfigError: unknown router or invalid option.
+    """
+    opts = {k: v for k, v in (options or {}).items() if k != "impl"}
+    key = json.dumps(opts, sort_keys=True)
+    return _io(router, d_model, n_layers, key) - _io(tables.BASELINE, d_model, n_layers, "{}")
+
+
+def extra_router_bytes(router: str, *, d_model: int, n_layers: int, seq_len: int, batch_size: int,
+                       dtype: str, mode: str, options: dict | None = None) -> float:
+    """Ideal extra bytes of one step of ``router`` over prenorm (:data:`BYTE_MODEL`).
+
+    Args:
+        dtype: a key of :data:`workloads.config.DTYPES` (``"bfloat16"``: 2 bytes per element).
+        mode: a key of :data:`MODE_FACTOR`.
+
+    Returns:
+        bytes (float); NaN for a mode the model does not cover (``decode``).
+    """
+    if mode not in MODE_FACTOR:
+        return math.nan
+    itemsize = DTYPES[dtype].itemsize
+    per_fwd = (batch_size * seq_len * 2 * n_layers * d_model
+               * extra_io_per_token(router, d_model, n_layers, options) * itemsize)
+    return MODE_FACTOR[mode] * per_fwd
+
+
+def _bandwidth(df: pd.DataFrame, metric: str, name: str) -> pd.DataFrame:
+    """Median of the run-level ``metric`` rows (``df.attrs["run_rows"]`` of a loaded frame) per run
+    and device."""
+    run_rows = df.attrs.get("run_rows")
+    rows = tables.ok_rows(pd.DataFrame(run_rows, columns=df.columns.intersection(list(tables.COLUMNS)))
+                          if run_rows is not None else df, metric)
+    return rows.groupby(["run_id", "device"])["value"].median().rename(name).reset_index()
+
+
+def floor_table(df: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per paired case (modes fwd, fwd_bwd, train_step; every backend): the floor beside the
+    measured overhead.
+
+    Args:
+        df: a frame of :func:`reports.tables.load_frame`.
+        paired: :func:`reports.paired.paired_ratio_table` of ``df``, when already computed.
+
+    Returns:
+        :data:`COLUMNS`: the case, ``extra_bytes`` (model, per step), ``bandwidth_gbs`` (median
+        ``mem_bandwidth`` of the case's run and device), ``nominal_gbs``, ``floor_ms``,
+        ``prenorm_ms`` (prenorm's median over the pairs), ``floor_share_pct`` (floor / prenorm
+        × 100), ``overhead_pct`` ((ratio − 1) × 100), ``over_floor`` (overhead_pct /
+        floor_share_pct). NaN where the run has no bandwidth row or the prenorm time is missing;
+        ``over_floor`` NaN where the model adds no bytes (a floor of 0). Empty frame with the
+        columns when nothing is paired.
+    """
+    t = paired_ratio_table(df) if paired is None else paired
+    t = t[t["mode"].isin(list(MODE_FACTOR))]
+    if t.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    # the paired table labels options as text; take the JSON of the same router and label
+    raw = df.drop_duplicates(["router", "options"]).set_index(["router", "options"])["router_options"]
+    t = t.assign(extra_bytes=[
+        extra_router_bytes(r.router, d_model=int(r.d_model), n_layers=int(r.n_layers),
+                           seq_len=int(r.seq_len), batch_size=int(r.batch_size), dtype=r.dtype,
+                           mode=r.mode, options=json.loads(raw.get((r.router, r.options)) or "{}"))
+        for r in t.itertuples()])
+    t = t.merge(_bandwidth(df, METRIC, "bandwidth_gbs"), on=["run_id", "device"], how="left")
+    t = t.merge(_bandwidth(df, NOMINAL_METRIC, "nominal_gbs"), on=["run_id", "device"], how="left")
+    t["floor_ms"] = t["extra_bytes"] / (t["bandwidth_gbs"].astype(float) * 1e9) * 1e3
+    prenorm = t["prenorm_ms"].astype(float).where(t["prenorm_ms"].astype(float) > 0)
+    t["floor_share_pct"] = t["floor_ms"] / prenorm * 100
+    t["overhead_pct"] = (t["ratio"].astype(float) - 1) * 100
+    t["over_floor"] = t["overhead_pct"] / t["floor_share_pct"].where(t["floor_share_pct"] > 0)
+    return t[COLUMNS].replace([np.inf, -np.inf], np.nan).reset_index(drop=True)
+
+
+def write_floor(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """Write :func:`floor_table` of ``df`` to ``<out_dir>/floor.csv``.
+
+    Returns:
+        the path, or None when the table is empty (nothing is written).
+    """
+    t = floor_table(df)
+    if t.empty:
+        return None
+    path = Path(out_dir) / "floor.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(path, index=False)
+    return path
+
+
+__all__ = ["BYTE_MODEL", "COLUMNS", "COLUMN_STYLE", "FLOOR_METHOD", "MODE_FACTOR", "NO_TABLE",
+           "extra_io_per_token", "extra_router_bytes", "floor_table", "write_floor"]
