@@ -3,11 +3,15 @@
 Each function takes the long frame of :func:`reports.tables.load_frame` and an output directory, and
 returns the path of the PNG it wrote, or ``None`` when the runs hold no data for it (the report then
 says so in a sentence). Figures use the ``variant`` label (router, impl when several, options) as
-hue, with one colour per variant across all figures of a report.
+hue, with one colour per variant across all figures of a report; the cost figures of issue 10
+(``overhead_vs_width`` to ``router_cost_models``) instead give a router one colour and tell its
+impls apart by line style, name the device and the shape in their titles, and write the numbers
+they draw to a CSV beside the PNG.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -20,7 +24,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from . import tables, training  # noqa: E402
+from . import paired, tables, training  # noqa: E402
 
 DPI = 110
 
@@ -38,6 +42,17 @@ NO_DATA = {
                      "reached the target loss with the same seed.",
     "compile_vs_eager": "No data for this figure: no compile or cudagraph step times yet; it "
                         "appears once a sweep includes those backends.",
+    "overhead_vs_width": "No data for this figure: it needs paired step times (--paired) of "
+                         "prenorm and another router at two or more widths (d_model).",
+    "overhead_vs_depth": "No data for this figure: it needs paired step times (--paired) of "
+                         "prenorm and another router at two or more depths (n_layers).",
+    "router_flop_share_vs_width": "No data for this figure: it needs router and forward FLOP "
+                                  "counts (fvcore, --flops) at two or more widths (d_model).",
+    "memory_vs_depth": "No data for this figure: it needs saved activations (eager fwd_bwd) or "
+                       "router state of prenorm and another router at two or more depths "
+                       "(n_layers).",
+    "router_cost_models": "No data for this figure: these runs hold no router cost-model rows "
+                          "(router_io_ideal, router_io_measured).",
 }
 
 
@@ -57,9 +72,12 @@ def save_png(fig: plt.Figure, path: Path | str, dpi: int = DPI) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    width = png_size(path)[0]
-    if width > MAX_WIDTH_PX:
-        fig.savefig(path, dpi=int(dpi * MAX_WIDTH_PX / width) - 1, bbox_inches="tight")
+    for _ in range(6):  # text snaps to whole pixels, so the width is not linear in the dpi
+        width = png_size(path)[0]
+        if width <= MAX_WIDTH_PX:
+            break
+        dpi *= min(MAX_WIDTH_PX / width, 0.97)
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -385,53 +403,458 @@ def decomposition(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     return _save_with_data(fig, out_dir, "decomposition", pd.DataFrame(rows))
 
 
-def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
-    """Median step time per router under eager and each compile/cudagraph setting (bars; error
-    bars = IQR of the repeats). One panel per run, mode and workload, at the largest shape
-    (d_model × n_layers) that ran under a non-eager backend; only routers that did.
+# --- Cost figures: each names the device and the shape in its title and writes its data. -------
+
+#: Shape columns of a title and their letters: "d=32 L=4 H=2 T=8 B=2 float32".
+_SHAPE_TEXT = (("d_model", "d"), ("n_layers", "L"), ("n_heads", "H"), ("seq_len", "T"),
+               ("batch_size", "B"), ("dtype", ""))
+_LETTER = dict(_SHAPE_TEXT)
+#: Line style of an implementation: a router's impls share its colour and differ in dashes.
+_IMPL_LINES = {"naive": "-", "two_phase": "--"}
+_IMPL_MARKERS = {"naive": "o", "two_phase": "s"}
+#: What a panel of a cost figure never pools: the run (maybe another machine), the setting, the
+#: seed. Shape columns other than the figure's own axes are added by each figure.
+_PANEL_KEYS = ("run_id", "mode", "workload", "backend", "compile_mode", "device", "seed")
+
+
+def _shape(t: pd.DataFrame, skip: tuple = ()) -> str:
+    """The shape of ``t`` for a title, ``"T=8 B=2 float32"``; a column with several values as
+    ``"T=8/16"``; the columns in ``skip`` (a figure's axes) left out."""
+    parts = []
+    for col, letter in _SHAPE_TEXT:
+        if col in skip or col not in t:
+            continue
+        values = [v for v in pd.unique(t[col]) if str(v) not in ("", "nan")]
+        if values:
+            text = "/".join(str(v) for v in sorted(values))
+            parts.append(f"{letter}={text}" if letter else text)
+    return " ".join(parts)
+
+
+def _suptitle(fig: plt.Figure, *lines: str) -> None:
+    """The figure's title, each line wrapped to the width of the figure (device names can be
+    long), so that the title never sets the width of the image."""
+    chars = int(fig.get_size_inches()[0] * 13)
+    fig.suptitle("\n".join(textwrap.fill(line, chars) for line in lines if line), fontsize=10)
+
+
+def _family(t: pd.DataFrame) -> pd.Series:
+    """Router and options without the impl: the colour key that keeps a router's impls one hue."""
+    return t["router"] + t["options"].map(lambda o: f" ({o})" if o else "")
+
+
+def _family_palette(df: pd.DataFrame) -> dict:
+    """One colour per router (with its options) of the whole frame, prenorm first."""
+    families = sorted(set(_family(df)), key=lambda f: (not f.startswith(tables.BASELINE), f))
+    colors = sns.color_palette("tab10" if len(families) <= 10 else "husl", len(families))
+    return dict(zip(families, colors))
+
+
+#: Inches right of the panels kept for the legend of :func:`_figure_legend`.
+_LEGEND_IN = 2.6
+
+
+def _grid(n: int, width: float = 4.6, height: float = 3.4) -> tuple[plt.Figure, list]:
+    """A figure of ``n`` panels, three to a row, and room for a legend right of them."""
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + _LEGEND_IN, height * nrows),
+                             squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _figure_legend(fig: plt.Figure, axes: list) -> None:
+    """One legend right of the first row of panels (below the title), each label once."""
+    seen: dict = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    axes[min(2, len(axes) - 1)].legend(list(seen.values()), list(seen), loc="upper left",
+                                       bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
+
+
+def _x_ticks(ax, values, log2: bool) -> None:
+    """Ticks at the measured values only (widths and depths are a few powers of two)."""
+    values = sorted(float(v) for v in pd.unique(values))
+    if log2:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _ratio_y_axis(ax) -> None:
+    """A log ratio axis (y) with labelled ticks wherever the data lie, 1 always among them: an
+    interval of a few noisy pairs can span 100×, and 0.9× must stay readable beside it."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    wide = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+    ticks = [t for t in (wide if hi / lo > 10 else _RATIO_TICKS) if lo <= t <= hi]
+    while len(ticks) > 9:
+        ticks = ticks[::2] if 1 in ticks[::2] else ticks[1::2]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _dodge(x: pd.Series, k: int, n: int, log2: bool, span: float) -> np.ndarray:
+    """``x`` of line ``k`` of ``n`` shifted a little, so that error bars of one x stay apart."""
+    off = k - (n - 1) / 2
+    x = x.astype(float).to_numpy()
+    return x * 2 ** (0.035 * off) if log2 else x + 0.012 * span * off
+
+
+def _panel_label(t: pd.DataFrame, keys: list[str], always: tuple = ()) -> pd.Series:
+    """Mode and backend always, then each key (and the ``always`` shape columns) that varies."""
+    label = t["mode"] + " · " + _backend_label(t)
+    for col in [*keys, *always]:
+        if col in ("mode", "backend", "compile_mode") or col not in t:
+            continue
+        if col in always or t[col].nunique() > 1:
+            name = f"{_LETTER[col]}=" if _LETTER.get(col) else "" if col == "dtype" else f"{col} "
+            label = label + " · " + name + t[col].astype(str)
+    return label
+
+
+def _largest(t: pd.DataFrame, keys: list[str], x: str, fixed: str) -> pd.DataFrame:
+    """The rows of each group of ``keys`` at its largest ``fixed``, groups with 2+ values of
+    ``x`` there; empty when none."""
+    kept = []
+    for _, g in t.groupby(keys, dropna=False, sort=False):
+        g = g[g[fixed] == g[fixed].max()]
+        if g[x].nunique() >= 2:
+            kept.append(g)
+    return pd.concat(kept) if kept else t.iloc[:0]
+
+
+def _fixed_text(t: pd.DataFrame, fixed: str) -> str:
+    values = sorted(pd.unique(t[fixed]))
+    return (f"{_LETTER[fixed]}={values[0]} (the largest measured)" if len(values) == 1
+            else f"{fixed} at the largest of each panel")
+
+
+def _overhead_vs(df: pd.DataFrame, out_dir: Path | str, x: str, fixed: str, name: str,
+                 xlabel: str, log2: bool) -> Path | None:
+    t = paired.paired_ratio_table(df)
+    if t.empty:
+        return None
+    keys = [*_PANEL_KEYS, *(c for c in tables.SHAPE_COLS if c not in (x, fixed))]
+    data = _largest(t, keys, x, fixed)
+    if data.empty:
+        return None
+    data = data.assign(family=_family(data))
+    data.insert(0, "panel", _panel_label(data, keys, always=(fixed,)))
+    palette = _family_palette(df)
+    fig, axes = _grid(data["panel"].nunique())
+    for ax, (panel, g) in zip(axes, data.groupby("panel", sort=False)):
+        lines = list(g.groupby(["family", "impl"], sort=True))
+        span = float(g[x].max() - g[x].min())
+        for k, ((family, impl), line) in enumerate(lines):
+            line = line.sort_values(x)
+            y = line["ratio"].astype(float)
+            err = np.array([(y - line["ratio_lo"].astype(float)).clip(lower=0),
+                            (line["ratio_hi"].astype(float) - y).clip(lower=0)])
+            ax.errorbar(_dodge(line[x], k, len(lines), log2, span), y, yerr=err,
+                        color=palette[family], linestyle=_IMPL_LINES.get(impl, ":"),
+                        marker="o", markersize=4, capsize=3, linewidth=1.4,
+                        label=f"{family} · {impl}")
+        ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1, label="prenorm (1×)")
+        _ratio_y_axis(ax)
+        _x_ticks(ax, g[x], log2)
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("step time / prenorm (×, log scale)")
+    _figure_legend(fig, axes)
+    _suptitle(fig, f"Step time / prenorm vs {'width' if x == 'd_model' else 'depth'}: paired "
+                   f"median, {paired.CONF:.0%} bootstrap CI — {_device(df)}",
+              f"{_fixed_text(data, fixed)}, {_shape(data, skip=(x, fixed))}; naive solid, "
+              "two_phase dashed")
+    fig.tight_layout()
+    return _save_with_data(fig, out_dir, name, data.drop(columns="family"))
+
+
+def overhead_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """Paired step-time ratio to prenorm (:func:`reports.paired.paired_ratio_table`) with its
+    bootstrap CI as error bars against d_model, at the largest n_layers; one panel per backend
+    (and compile mode, mode, run), one line per router and impl: a router keeps one colour, its
+    impls differ in line style (naive solid, two_phase dashed); a dashed line at 1.
 
     Returns:
-        ``<out_dir>/compile_vs_eager.png``, or ``None`` when no compile or cudagraph step times
-        were measured.
+        ``<out_dir>/overhead_vs_width.png`` with ``overhead_vs_width.csv`` (the paired rows drawn
+        and their ``panel``), or ``None`` without paired rows at two or more widths.
     """
-    st = tables.ok_rows(tables.cost_rows(df), "step_time").copy()
-    if st.empty or not (st["backend"] != "eager").any():
+    return _overhead_vs(df, out_dir, "d_model", "n_layers", "overhead_vs_width",
+                        "d_model (features per token, log₂ scale)", log2=True)
+
+
+def overhead_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """As :func:`overhead_vs_width` against n_layers, at the largest d_model.
+
+    Returns:
+        ``<out_dir>/overhead_vs_depth.png`` with ``overhead_vs_depth.csv``, or ``None`` without
+        paired rows at two or more depths.
+    """
+    return _overhead_vs(df, out_dir, "n_layers", "d_model", "overhead_vs_depth",
+                        "n_layers (decoder blocks)", log2=False)
+
+
+def router_flop_share_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """The router's share (%) of the forward FLOPs against d_model at the largest n_layers:
+    counted (fvcore router FMA / forward FMA, ``router_flop_pct`` of
+    :func:`reports.tables.overhead_table`; solid, one line per router and impl) beside analytic
+    (:func:`reports.tables.router_cost_table`'s FLOP per token × B·T / the fvcore forward FLOPs of
+    the naive impl; dotted, one line per router). The router's mixing grows like L·d per token
+    and the matrices like d², so the share should fall with width: the amortisation the HAARES
+    paper claims.
+
+    Returns:
+        ``<out_dir>/router_flop_share_vs_width.png`` with its CSV (``source`` = counted or
+        analytic, the router, impl and shape, ``router_flop_pct``, ``gflop_fwd`` and, analytic,
+        ``flop_per_token``), or ``None`` without router FLOP counts at two or more widths.
+    """
+    ov = tables.overhead_table(df)
+    ov = ov[ov["router_flop_pct"].notna()]
+    if ov.empty:
         return None
-    st["value"] = st["value"] * st["unit"].map(tables.TO_MS).fillna(1.0)
-    st["setting"] = _backend_label(st)
-    st["size"] = st["d_model"].astype(float) * st["n_layers"].astype(float)
+    static = list(tables.STATIC_KEYS)
+    counted = ov.groupby(static, as_index=False)[["router_flop_pct", "gflop_fwd"]].median()
+    counted["source"] = "counted (fvcore)"
+    analytic = tables.router_cost_table(df).drop(columns=["io_ideal_d", "io_measured_d",
+                                                          "state_mib"])
+    analytic = analytic[analytic["flop_per_token"].notna()].merge(
+        counted[[*static, "gflop_fwd"]], on=static)
+    # the analytic count is the naive reference: one line per router, over naive's forward FLOPs
+    analytic = (analytic.assign(_ref=analytic["impl"] != "naive")
+                .sort_values("_ref", kind="stable")
+                .drop_duplicates([k for k in static if k not in ("impl", "variant")])
+                .drop(columns="_ref"))
+    tokens = (analytic["batch_size"] * analytic["seq_len"]).astype(float)
+    analytic["router_flop_pct"] = (analytic["flop_per_token"].astype(float) * tokens
+                                   / (analytic["gflop_fwd"].astype(float) * 1e9) * 100)
+    analytic["source"] = "analytic"
+    t = pd.concat([counted, analytic], ignore_index=True)
+    keys = ["workload", *(c for c in tables.SHAPE_COLS if c not in ("d_model", "n_layers"))]
+    data = _largest(t, keys, "d_model", "n_layers")
+    if data.empty:
+        return None
+    data = data.assign(family=_family(data))
+    data["panel"] = data["workload"] + (" · " + data[keys[1:]].astype(str).agg(" ".join, axis=1)
+                                        if data.groupby(keys).ngroups > 1 else "")
+    data["panel"] = data["panel"] + " · L=" + data["n_layers"].astype(str)
+    palette = _family_palette(df)
+    fig, axes = _grid(data["panel"].nunique(), width=5.2, height=3.8)
+    for ax, (panel, g) in zip(axes, data.groupby("panel", sort=False)):
+        for (family, source, impl), line in g.groupby(["family", "source", "impl"], sort=True):
+            line = line.sort_values("d_model")
+            counted_line = source != "analytic"
+            ax.plot(line["d_model"].astype(float), line["router_flop_pct"],
+                    color=palette[family], linestyle="-" if counted_line else ":",
+                    marker=_IMPL_MARKERS.get(impl, "^") if counted_line else "x",
+                    markersize=4 if counted_line else 8, linewidth=1.4 if counted_line else 2,
+                    zorder=2 if counted_line else 3,  # on top: it often hides naive's count
+                    label=f"{family} · {impl}, counted" if counted_line
+                    else f"{family}, analytic")
+        _x_ticks(ax, g["d_model"], log2=True)
+        ax.set_ylim(bottom=0)
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel("d_model (features per token, log₂ scale)")
+        ax.set_ylabel("router FLOPs / forward FLOPs (%)")
+    _figure_legend(fig, axes)
+    _suptitle(fig, "Router share of the forward FLOPs vs width: the amortisation the HAARES "
+                   f"paper claims — {_device(df)}",
+              f"{_fixed_text(data, 'n_layers')}, {_shape(data, skip=('d_model', 'n_layers'))}",
+              f"solid: counted (fvcore), dotted: analytic; {tables.FLOP_CONVENTION}")
+    fig.tight_layout()
+    cols = ["source", "router", "options", "impl", "variant", "workload", *tables.SHAPE_COLS,
+            "router_flop_pct", "gflop_fwd", "flop_per_token"]
+    return _save_with_data(fig, out_dir, "router_flop_share_vs_width", data[cols])
+
+
+#: The quantities of :func:`memory_vs_depth`: (column of the overhead table, axis label).
+_MEMORY = (("saved_mib", "saved activations / prenorm's (×)"),
+           ("router_state_mib", "peak router state / prenorm's (×)"))
+
+
+def memory_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """Saved activations (autograd, eager fwd_bwd) and peak router state as multiples of
+    prenorm's at the same shape, against n_layers at the largest d_model: two panels, one line
+    per router and impl (a router keeps one colour; naive solid, two_phase dashed), prenorm the
+    flat line at 1. Eager rows only; both are counts, not timings, so runs are not told apart.
+
+    Returns:
+        ``<out_dir>/memory_vs_depth.png`` with ``memory_vs_depth.csv`` (``quantity``, the router,
+        impl and shape, ``mib``, ``prenorm_mib`` and ``multiple`` = mib / prenorm_mib), or
+        ``None`` without either quantity of prenorm and another router at two or more depths.
+    """
+    ov = tables.overhead_table(df)
+    ov = ov[ov["backend"] == "eager"]
+    static = list(tables.STATIC_KEYS)
+    shape = ["workload", *tables.SHAPE_COLS]
+    parts = []
+    for col, _ in _MEMORY:
+        m = ov[ov[col].notna()].groupby(static, as_index=False)[col].median()
+        m = m.rename(columns={col: "mib"})
+        base = m[m["router"] == tables.BASELINE].groupby(shape)["mib"].median()
+        m = m.merge(base.rename("prenorm_mib").reset_index(), on=shape)
+        m["multiple"] = (m["mib"] / m["prenorm_mib"]).replace([np.inf, -np.inf], np.nan)
+        if (m["router"] != tables.BASELINE).any():
+            parts.append(m.assign(quantity=col))
+    if not parts:
+        return None
+    keys = ["quantity", "workload", *(c for c in tables.SHAPE_COLS
+                                      if c not in ("d_model", "n_layers"))]
+    data = _largest(pd.concat(parts, ignore_index=True), keys, "n_layers", "d_model")
+    if data.empty:
+        return None
+    data = data.assign(family=_family(data))
+    labels = dict(_MEMORY)
+    palette = _family_palette(df)
+    panels = list(data.groupby(keys, sort=False))
+    fig, axes = _grid(len(panels))
+    for ax, (key, g) in zip(axes, panels):
+        for (family, impl), line in g.groupby(["family", "impl"], sort=True):
+            line = line.sort_values("n_layers")
+            ax.plot(line["n_layers"].astype(float), line["multiple"], color=palette[family],
+                    linestyle=_IMPL_LINES.get(impl, ":"), marker="o", markersize=4,
+                    linewidth=1.4, label=f"{family} · {impl}")
+        _x_ticks(ax, g["n_layers"], log2=False)
+        ax.set_xlabel("n_layers (decoder blocks)")
+        ax.set_ylabel(labels[key[0]])
+        ax.set_title(f"{key[1]} · d={g['d_model'].iloc[0]}" + (
+            f" · {_shape(g, skip=('d_model', 'n_layers'))}"
+            if data.groupby(keys[1:]).ngroups > 1 else ""), fontsize=9)
+    _figure_legend(fig, axes)
+    _suptitle(fig, f"Memory vs depth as multiples of prenorm (eager) — {_device(df)}",
+              f"{_fixed_text(data, 'd_model')}, {_shape(data, skip=('d_model', 'n_layers'))}")
+    fig.tight_layout()
+    cols = ["quantity", "router", "options", "impl", "variant", "workload", *tables.SHAPE_COLS,
+            "mib", "prenorm_mib", "multiple"]
+    return _save_with_data(fig, out_dir, "memory_vs_depth", data[cols])
+
+
+def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """Compiled (and graph-replayed) / eager median step time of each router and impl
+    (``vs_eager`` of :func:`reports.tables.backend_table`), one bar per setting, a line at 1.
+    One panel per run, mode and workload, at the largest shape (d_model × n_layers) that ran
+    under a non-eager backend; only routers that did.
+
+    Returns:
+        ``<out_dir>/compile_vs_eager.png`` with ``compile_vs_eager.csv`` (the backend-table rows
+        drawn, with their ``label`` and ``panel``), or ``None`` when no compile or cudagraph step
+        time has an eager one to compare with.
+    """
+    bt = tables.backend_table(df)
+    bt = bt[(bt["backend"] != "eager") & bt["vs_eager"].notna()].copy()
+    if bt.empty:
+        return None
+    bt["setting"] = _backend_label(bt)
+    bt["label"] = _family(bt) + " · " + bt["impl"]
+    bt["size"] = bt["d_model"].astype(float) * bt["n_layers"].astype(float)
     shape = [c for c in tables.SHAPE_COLS if c != "dtype"]
+    several = bt["run_id"].nunique() > 1
     panels = []
-    several = st["run_id"].nunique() > 1
-    for _, g in st.groupby(["run_id", "mode", "workload"], sort=True):
-        compiled = g[g["backend"] != "eager"]
-        if compiled.empty:
-            continue
-        top = compiled.sort_values(["size", *shape]).iloc[-1]
-        g = g[(g[shape] == top[shape]).all(axis=1) & g["variant"].isin(compiled["variant"])]
+    for _, g in bt.groupby(["run_id", "mode", "workload"], sort=True):
+        top = g.sort_values(["size", *shape]).iloc[-1]
+        g = g[(g[shape] == top[shape]).all(axis=1)]
         panels.append(g.assign(panel=(f"{top['run_id']} · " if several else "")
-                               + f"{top['mode']} · {top['workload']} · d{top['d_model']} "
-                               f"L{top['n_layers']}"))
-    st = pd.concat(panels)
-    order = ["eager"] + sorted(s for s in st["setting"].unique() if s != "eager")
-    hue = _hue(df, st)
-    g = sns.catplot(data=st, kind="bar", x="variant", y="value", order=hue["hue_order"],
-                    hue="setting", hue_order=order, col="panel",
-                    col_wrap=min(3, st["panel"].nunique()), estimator="median",
-                    errorbar=("pi", 50), height=3.4, aspect=1.3, sharey=False, sharex=False)
-    g.set_axis_labels("", "step time (ms, median)")
-    g.set_titles("{col_name}")
-    for ax in g.axes.flat:
-        ax.tick_params(axis="x", labelrotation=30)
-    g.figure.suptitle("Eager vs compiled step time (largest compiled shape)", y=1.03)
-    return _save(g.figure, out_dir, "compile_vs_eager")
+                               + f"{top['mode']} · {top['workload']} · d={top['d_model']} "
+                               f"L={top['n_layers']}"))
+    data = pd.concat(panels).drop(columns="size")
+    settings = sorted(data["setting"].unique())
+    colors = dict(zip(settings, sns.color_palette("colorblind", len(settings))))
+    rows = max(g["label"].nunique() for _, g in data.groupby("panel"))
+    fig, axes = _grid(data["panel"].nunique(), width=5.2,
+                      height=0.32 * rows * len(settings) + 1.4)
+    for ax, (panel, g) in zip(axes, data.groupby("panel", sort=False)):
+        labels = list(dict.fromkeys(g.assign(_base=g["router"] != tables.BASELINE)
+                                    .sort_values(["_base", "label"])["label"]))
+        height = 0.8 / len(settings)
+        for j, setting in enumerate(settings):
+            s = g[g["setting"] == setting].set_index("label").reindex(labels)
+            bars = ax.barh(np.arange(len(labels)) + (j - (len(settings) - 1) / 2) * height,
+                           s["vs_eager"].astype(float), height=height, color=colors[setting],
+                           label=setting)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+        ax.axvline(1.0, color="0.4", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(labels)), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("compiled / eager median step time (×; < 1 is faster)")
+        ax.set_title(panel, fontsize=9)
+    _figure_legend(fig, axes)
+    _suptitle(fig, f"Compiled vs eager step time (largest compiled shape) — {_device(df)}",
+              _shape(data))
+    fig.tight_layout()
+    return _save_with_data(fig, out_dir, "compile_vs_eager", data)
+
+
+def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """The routers' I/O cost models (:func:`reports.tables.router_cost_table`): per router the
+    ideal residual traffic (``io_ideal_d``: each input read once, each output written once, the
+    AttnRes paper's Table 1 model, the same for every impl) beside the traffic each impl's eager
+    ops measured (``io_measured_d``), in d elements per token and sublayer; grouped bars, one
+    panel per depth (the ideal grows with the number of sublayers) at the largest width.
+
+    Returns:
+        ``<out_dir>/router_cost_models.png`` with ``router_cost_models.csv`` (``series`` =
+        ideal or measured, the router, impl and shape, ``d_elements``), or ``None`` without
+        router cost-model rows.
+    """
+    rc = tables.router_cost_table(df)
+    rc = rc[rc["io_ideal_d"].notna() | rc["io_measured_d"].notna()]
+    if rc.empty:
+        return None
+    others = [c for c in tables.SHAPE_COLS if c != "n_layers"]
+    kept = []
+    for _, g in rc.groupby("workload", sort=True):  # units of d: the largest width stands for all
+        top = g.sort_values(others).iloc[-1]
+        kept.append(g[(g[others] == top[others]).all(axis=1)])
+    rc = pd.concat(kept)
+    rc = rc.assign(family=_family(rc))
+    ideal = (rc.assign(_ref=rc["impl"] != "naive").sort_values("_ref", kind="stable")
+             .drop_duplicates(["family", "workload", *tables.SHAPE_COLS])
+             .assign(series="ideal I/O model", d_elements=lambda r: r["io_ideal_d"]))
+    measured = rc.assign(series="measured, " + rc["impl"], d_elements=rc["io_measured_d"])
+    data = pd.concat([ideal, measured], ignore_index=True)
+    data = data[data["d_elements"].notna()]
+    data["panel"] = data["workload"] + " · L=" + data["n_layers"].astype(str)
+    series = ["ideal I/O model"] + sorted(s for s in data["series"].unique()
+                                          if s != "ideal I/O model")
+    colors = dict(zip(series, ["0.6", *sns.color_palette("colorblind", len(series) - 1)]))
+    families = sorted(data["family"].unique(),
+                      key=lambda f: (not f.startswith(tables.BASELINE), f))
+    fig, axes = _grid(data["panel"].nunique(), width=max(4.6, 0.9 * len(families) + 1.6),
+                      height=3.6)
+    width = 0.8 / len(series)
+    for ax, (panel, g) in zip(axes, data.sort_values("n_layers").groupby("panel", sort=False)):
+        for j, s in enumerate(series):
+            v = g[g["series"] == s].set_index("family")["d_elements"].reindex(families)
+            bars = ax.bar(np.arange(len(families)) + (j - (len(series) - 1) / 2) * width,
+                          v.astype(float), width=width, color=colors[s], label=s)
+            ax.bar_label(bars, fmt="%.3g", fontsize=6, padding=1)
+        ax.set_xticks(range(len(families)), families, rotation=30 if len(families) > 3 else 0,
+                      ha="right" if len(families) > 3 else "center")
+        ax.set_xlabel("router")
+        ax.set_ylabel("traffic per token and sublayer (d elements)")
+        ax.set_title(panel, fontsize=9)
+    _figure_legend(fig, axes)
+    _suptitle(fig, "Router I/O: ideal model (AttnRes paper, Table 1) vs measured eager "
+                   f"traffic — {_device(df)}", _shape(data, skip=("n_layers",)))
+    fig.tight_layout()
+    cols = ["panel", "series", "router", "options", "impl", "workload", *tables.SHAPE_COLS,
+            "d_elements"]
+    return _save_with_data(fig, out_dir, "router_cost_models", data[cols])
 
 
 #: Figure functions in report order.
 FIGURES = {
     "step_time_overhead_vs_width": step_time_overhead_vs_width,
+    "overhead_vs_width": overhead_vs_width,
+    "overhead_vs_depth": overhead_vs_depth,
+    "router_flop_share_vs_width": router_flop_share_vs_width,
     "flops_vs_depth": flops_vs_depth,
+    "memory_vs_depth": memory_vs_depth,
     "compile_vs_eager": compile_vs_eager,
+    "router_cost_models": router_cost_models,
     "loss_curves": loss_curves,
     "time_to_target": time_to_target,
     "decomposition": decomposition,

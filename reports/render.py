@@ -265,10 +265,24 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     cost = Section("Cost: step time, FLOPs and memory vs prenorm", _table_blocks(
         tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
         split=("run_id", "workload", "mode", "backend", "compile_mode")))
+    # Paired ratios are the headline; a run timed --no-paired gets the unpaired figure, labelled.
+    if figs.get("overhead_vs_width") is None and figs.get("step_time_overhead_vs_width"):
+        cost.blocks.append(_figure_block(figs["step_time_overhead_vs_width"], "step_time_overhead_vs_width",
+                                         "Step-time overhead vs prenorm by width, from unpaired medians "
+                                         "(these runs hold no paired timing)"))
+    if figs.get("router_flop_share_vs_width") is None and figs.get("flops_vs_depth"):
+        cost.blocks.append(_figure_block(figs["flops_vs_depth"], "flops_vs_depth", "Forward GFLOP by depth"))
     cost.blocks += [
-        _figure_block(figs.get("step_time_overhead_vs_width"), "step_time_overhead_vs_width",
-                      "Step-time overhead vs prenorm by width"),
-        _figure_block(figs.get("flops_vs_depth"), "flops_vs_depth", "Forward GFLOP by depth"),
+        _figure_block(figs.get("overhead_vs_width"), "overhead_vs_width",
+                      "Paired step-time ratio to prenorm vs width (median of pairs, 95 % bootstrap CI "
+                      "as bars; deepest depth); naive solid, two_phase dashed"),
+        _figure_block(figs.get("overhead_vs_depth"), "overhead_vs_depth",
+                      "Paired step-time ratio to prenorm vs depth (widest width)"),
+        _figure_block(figs.get("router_flop_share_vs_width"), "router_flop_share_vs_width",
+                      "Router FLOPs as a share of the forward's vs width: counted by fvcore (solid) "
+                      "beside the analytic model (dotted)"),
+        _figure_block(figs.get("memory_vs_depth"), "memory_vs_depth",
+                      "Saved activations and router state vs depth, as multiples of prenorm's (eager)"),
     ]
     cost.blocks += [("subtitle", "Throughput and MFU"), (
         "text", "tokens/s = tokens per step (B·T; B for decode) / median step. Model FLOP per "
@@ -300,6 +314,9 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                 "the peak live router state.")])
     models.blocks += _table_blocks(tables.router_cost_table(df), "No router cost rows.",
                                    drop=("variant",))
+    models.blocks.append(_figure_block(figs.get("router_cost_models"), "router_cost_models",
+                                       "Residual-stream traffic per token and sublayer (d elements): the "
+                                       "ideal I/O model beside what each impl's eager ops move"))
     pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
     pairs.blocks += _table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
                                   drop=("variant",), split=("run_id", "mode", "backend",

@@ -161,7 +161,12 @@ def test_build_report_writes_everything(run_dir):
     md = out["report.md"].read_text(encoding="utf-8")
     page = out["report.html"].read_text(encoding="utf-8")
     assert "](step_time_overhead_vs_width.png)" in md and "](loss_curves.png)" in md
-    assert page.count("data:image/png;base64,") == 3 and "<table" in page
+    import re
+    shown = re.findall(r"\]\((\w+)\.png\)", md)
+    # unpaired fixture: the unpaired overhead figure stands in for the paired one
+    assert shown == ["step_time_overhead_vs_width", "router_flop_share_vs_width", "memory_vs_depth",
+                     "loss_curves"]
+    assert page.count("data:image/png;base64,") == len(shown) and "<table" in page
     for text in (md, page):
         assert "run-a" in text and html.escape(cpu_model()) in text and "ffffffffffff" in text
         assert torch.__version__ in text
@@ -187,7 +192,7 @@ def test_no_data_sections(tmp_path):
     out = build_report([tmp_path], tmp_path / "report")
     assert set(out) == {"report.md", "report.html", "overhead.csv"}
     md = out["report.md"].read_text(encoding="utf-8")
-    for name in ("step_time_overhead_vs_width", "flops_vs_depth"):
+    for name in ("overhead_vs_width", "router_flop_share_vs_width"):
         assert NO_DATA[name] in md
     assert "## Training race" not in md and NO_DATA["loss_curves"] not in md
     assert "No manifest.json" in md and "None: every case ran" in md

@@ -1,0 +1,179 @@
+"""reports/figures.py: the cost figures of issue 10 on one tiny real sweep, each with its data."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.cases import expand
+from harness.rundir import RunWriter
+from harness.sweep import SweepOptions, run_sweep
+from harness.timing import TimingPolicy
+from reports import build_report, figures, load_frame
+from workloads.config import DecoderConfig
+
+TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
+ROUTERS = ["prenorm", "haares", "block_attnres"]
+#: The figures of issue 10, item 5 (compile_vs_eager needs a compiled backend: its own test).
+COST_FIGURES = ("overhead_vs_width", "overhead_vs_depth", "router_flop_share_vs_width",
+                "memory_vs_depth", "router_cost_models")
+DEVICE = "Test Device 9000"
+#: (router, impl) of the sweep: prenorm offers only naive.
+VARIANTS = {("prenorm", "naive"), ("haares", "naive"), ("haares", "two_phase"),
+            ("block_attnres", "naive"), ("block_attnres", "two_phase")}
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """One tiny real paired sweep on CPU (~15 s): fwd_bwd, so that saved activations are
+    measured; 5 repeats, the fewest pairs with a bootstrap interval."""
+    d = tmp_path_factory.mktemp("sweep")
+    cases = expand(ROUTERS, TINY, [16, 32], [2, 4], ["fwd_bwd"], impls=["naive", "two_phase"])
+    opts = SweepOptions(flops=True, paired=True, max_attempts=1,
+                        timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0, repeats=5))
+    with RunWriter(d, run_id="tiny", session="s1", base={"device": "cpu"}) as w:
+        stats = run_sweep(cases, torch.device("cpu"), w, opts, progress=False)
+    assert stats == {"resumed": 0, "ok": len(cases)}
+    return d
+
+
+@pytest.fixture(scope="module")
+def drawn(sweep_dir, tmp_path_factory):
+    """Each cost figure drawn from the sweep: name -> (PNG path, its CSV, what its figure said)."""
+    df = load_frame([sweep_dir])
+    df["device_name"] = DEVICE
+    out = tmp_path_factory.mktemp("figures")
+    said = {}
+    save = figures.save_png
+
+    def spy(fig, path, dpi=figures.DPI):
+        said[path.stem] = {"title": " ".join(fig._suptitle.get_text().split()),  # unwrapped
+                           "labels": [lbl for ax in fig.axes if ax.get_visible()
+                                      for lbl in (ax.get_xlabel(), ax.get_ylabel()) if lbl]}
+        return save(fig, path, dpi)
+
+    figures.save_png = spy
+    try:
+        paths = {name: figures.FIGURES[name](df, out) for name in COST_FIGURES}
+    finally:
+        figures.save_png = save
+    return {name: (p, pd.read_csv(p.with_suffix(".csv"), keep_default_na=False,
+                                  na_values=[""]), said[name]) for name, p in paths.items()}
+
+
+def test_report_draws_every_cost_figure_with_its_data(sweep_dir, tmp_path):
+    out = build_report([sweep_dir], tmp_path)
+    for name in COST_FIGURES:
+        assert out[f"{name}.png"].is_file() and out[f"{name}.csv"].is_file(), name
+        assert figures.NO_DATA[name].startswith("No data for this figure")
+    assert "compile_vs_eager.png" not in out  # eager only
+    for name, path in out.items():
+        if name.endswith(".png"):
+            assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX, name
+    assert set(figures.FIGURES) <= set(figures.NO_DATA) | {"paired_ratios"}
+
+
+def test_titles_name_device_and_shape_and_axes_have_units(drawn):
+    for name, (path, _, said) in drawn.items():
+        assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX, name
+        assert DEVICE in said["title"] and "T=8 B=2" in said["title"], name
+        assert said["labels"] and all("(" in lbl for lbl in said["labels"] if lbl != "router"), name
+    assert "HAARES" in drawn["router_flop_share_vs_width"][2]["title"]
+    assert "L=4 (the largest measured)" in drawn["overhead_vs_width"][2]["title"]
+    assert "d=32 (the largest measured)" in drawn["overhead_vs_depth"][2]["title"]
+
+
+@pytest.mark.parametrize("name, x, fixed", [("overhead_vs_width", "d_model", ("n_layers", 4)),
+                                            ("overhead_vs_depth", "n_layers", ("d_model", 32))])
+def test_overhead_rows_one_per_router_impl_and_x(drawn, name, x, fixed):
+    t = drawn[name][1]
+    assert (t[fixed[0]] == fixed[1]).all()
+    letter = {"n_layers": "L", "d_model": "d"}[fixed[0]]
+    assert (t["panel"] == f"fwd_bwd · eager · {letter}={fixed[1]}").all()
+    keys = set(zip(t["router"], t["impl"], t[x]))
+    assert len(t) == len(keys) == 8
+    assert keys == {(r, i, v) for r, i in VARIANTS if r != "prenorm" for v in (t[x].unique())}
+    assert (t["pairs"] == 5).all() and (t["ratio"] > 0).all()
+    assert (t["ratio_lo"] <= t["ratio"]).all() and (t["ratio"] <= t["ratio_hi"]).all()
+
+
+def test_router_flop_share_counted_beside_analytic(drawn):
+    t = drawn["router_flop_share_vs_width"][1]
+    assert (t["n_layers"] == 4).all()
+    counted, analytic = t[t["source"] == "counted (fvcore)"], t[t["source"] == "analytic"]
+    assert set(zip(counted["router"], counted["impl"], counted["d_model"])) == {
+        (r, i, d) for r, i in VARIANTS for d in (16, 32)} and len(counted) == 10
+    assert set(zip(analytic["router"], analytic["d_model"])) == {
+        (r, d) for r in ROUTERS for d in (16, 32)} and (analytic["impl"] == "naive").all()
+    # the analytic count is the naive reference: fvcore counts the same FLOPs
+    both = analytic.merge(counted, on=["router", "impl", "d_model"], suffixes=("_a", "_c"))
+    assert both["router_flop_pct_a"].tolist() == pytest.approx(both["router_flop_pct_c"].tolist(),
+                                                               rel=0.05)
+    haares = counted[(counted["router"] == "haares") & (counted["impl"] == "naive")]
+    share = haares.set_index("d_model")["router_flop_pct"]
+    assert share[32] < share[16]  # amortised over a wider model
+
+
+def test_memory_multiples_of_prenorm(drawn):
+    t = drawn["memory_vs_depth"][1]
+    assert (t["d_model"] == 32).all() and len(t) == 2 * len(VARIANTS) * 2
+    assert set(t["quantity"]) == {"saved_mib", "router_state_mib"}
+    assert (t.loc[t["router"] == "prenorm", "multiple"] == 1.0).all()
+    routed = t[t["router"] != "prenorm"]
+    assert (routed["multiple"] > 1).all()
+    assert (routed["multiple"] == routed["mib"] / routed["prenorm_mib"]).all()
+
+
+def test_router_cost_models_ideal_beside_measured(drawn):
+    t = drawn["router_cost_models"][1]
+    assert (t["d_model"] == 32).all() and set(t["n_layers"]) == {2, 4}
+    ideal, measured = t[t["series"] == "ideal I/O model"], t[t["series"] != "ideal I/O model"]
+    assert len(ideal) == len(ROUTERS) * 2 and len(measured) == len(VARIANTS) * 2
+    assert (ideal.loc[ideal["router"] == "prenorm", "d_elements"] == 3.0).all()  # Table 1
+    assert set(measured["series"]) == {"measured, naive", "measured, two_phase"}
+
+
+def cost_case(w, router, impl, backend, times, compile_mode=None):
+    key = f"{router}-{impl}-{backend}"
+    case = dict(case_key=key, router=router, router_options={}, impl=impl, backend=backend,
+                compile_mode=compile_mode, mode="fwd", workload="decoder", d_model=64,
+                n_layers=4, n_heads=4, seq_len=64, batch_size=2, dtype="float32", seed=0)
+    with w.unit([key]) as u:
+        for i, t in enumerate(times):
+            u.write(**case, repeat=i, metric="step_time", value=t, unit="ms")
+
+
+def test_compile_vs_eager_ratio_with_readable_labels(tmp_path, monkeypatch):
+    with RunWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"}) as w:
+        for router, impl, eager, compiled in (("prenorm", "naive", 10, 5),
+                                              ("haares", "naive", 20, 8),
+                                              ("haares", "two_phase", 16, 12)):
+            cost_case(w, router, impl, "eager", [eager] * 3)
+            cost_case(w, router, impl, "compile", [compiled] * 3, compile_mode="default")
+    df = load_frame([tmp_path])
+    assert figures.compile_vs_eager(df[df["backend"] == "eager"], tmp_path) is None
+    seen = {}
+    save = figures.save_png
+    monkeypatch.setattr(figures, "save_png", lambda fig, path, dpi=figures.DPI: (
+        seen.update(title=fig._suptitle.get_text(), xlabel=fig.axes[0].get_xlabel(),
+                    yticks=[t.get_text() for t in fig.axes[0].get_yticklabels()]),
+        save(fig, path, dpi))[1])
+    path = figures.compile_vs_eager(df, tmp_path / "figs")
+    t = pd.read_csv(path.with_suffix(".csv"))
+    assert t.set_index("label")["vs_eager"].to_dict() == pytest.approx(
+        {"prenorm · naive": 0.5, "haares · naive": 0.4, "haares · two_phase": 0.75})
+    assert seen["yticks"] == ["prenorm · naive", "haares · naive", "haares · two_phase"]
+    assert seen["xlabel"].startswith("compiled / eager median step time (×")
+    assert "d=64 L=4" in t["panel"].iloc[0] and "T=64 B=2" in seen["title"]
+    assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX
+
+
+def test_no_data_gives_none(tmp_path):
+    with RunWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"}) as w:
+        cost_case(w, "prenorm", "naive", "eager", [10, 10])
+        cost_case(w, "haares", "naive", "eager", [11, 11])
+    df = load_frame([tmp_path])
+    for name in (*COST_FIGURES, "compile_vs_eager"):
+        assert figures.FIGURES[name](df, tmp_path) is None, name
+        assert not (tmp_path / f"{name}.png").exists()
