@@ -48,9 +48,8 @@ class SweepOptions:
             cases are then re-run one by one to pin the failure on its case).
         case_timeout: seconds a case may go without progress under ``isolate`` before its
             process is killed as hung.
-        remeasure_s: a noisy group (:mod:`harness.noise`) is timed again while its steps are
-            held, until it is quiet, ``max_attempts`` are spent or this many seconds have passed
-            since its first timing began.
+        remeasure_s: seconds a noisy group (:mod:`harness.noise`) may spend being timed again,
+            its steps held: another attempt starts only when one more (as long as the last) fits.
         max_attempts: timings of one group at most (1: never re-measure).
         noise_thresholds: the thresholds of :data:`harness.noise.THRESHOLDS` to re-measure by.
     """
@@ -62,7 +61,7 @@ class SweepOptions:
     pair_order: str = "ABBA"
     isolate: bool = False
     case_timeout: float = 900.0
-    remeasure_s: float = 20.0
+    remeasure_s: float = 60.0
     max_attempts: int = 3
     noise_thresholds: dict = field(default_factory=lambda: dict(THRESHOLDS))
 

@@ -20,7 +20,7 @@ metric                    unit    meaning
 
 A group is **noisy** when any stated threshold of :data:`THRESHOLDS` is crossed
 (:func:`noise_reasons`). The harness re-measures a noisy group while its steps are still held
-(``--remeasure-s`` seconds at most, ``--max-attempts``), keeping every attempt (the ``attempt``
+(an attempt only when it fits in ``--remeasure-s`` seconds of re-measuring; ``--max-attempts``), keeping every attempt (the ``attempt``
 column); reports use the last attempt, show the count, and derive the flag again from the rows with
 thresholds the ``report`` command line can change (``--noise-thresholds``).
 """

@@ -226,8 +226,9 @@ def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], devi
     :mod:`harness.noise` (``cpu_util``, ``cpu_pressure``, ``load_avg`` of the group, ``iqr_rel`` and
     ``ci_width_rel`` of the case); on CUDA ``sm_clock_mhz`` before (``repeat`` 0) and after (1).
     While an attempt is noisy (:func:`harness.noise.noise_reasons` under
-    ``opts.noise_thresholds``), the group is timed again, its steps still held, until
-    ``opts.max_attempts`` or ``opts.remeasure_s`` seconds after the first attempt began. If the
+    ``opts.noise_thresholds``), the group is timed again, its steps still held, up to
+    ``opts.max_attempts`` timings and while another attempt (as long as the last) fits in
+    ``opts.remeasure_s`` seconds of re-measuring. If the
     interleaved timing fails, each step is timed alone (one attempt) so the failure lands on its
     case.
 
@@ -237,8 +238,9 @@ def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], devi
     by_key = {c.key: c for c in cases if c.key in steps}
     keys = sorted(by_key, key=lambda k: by_key[k].router != BASELINE)  # stable: prenorm first
     backend = cases[0].backend
-    t_first = time.perf_counter()
+    spent, last = 0.0, 0.0  # seconds spent re-measuring; duration of the last attempt
     for attempt in range(1, max(1, opts.max_attempts) + 1):
+        t0 = time.perf_counter()
         clocks = [sm_clock_mhz(device)]
         try:
             with noise.Probe() as probe, backends.recompile_guard(backend):
@@ -279,7 +281,11 @@ def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], devi
             readings[k] = m
             status[k] = "ok"
         noisy = any(noise.noise_reasons(m, opts.noise_thresholds) for m in readings.values())
+        last = time.perf_counter() - t0
+        spent += last if attempt > 1 else 0.0
+        # another attempt only when it fits in what is left of the budget (an attempt takes as
+        # long as the last one did)
         if (probe is None or not noisy or attempt >= opts.max_attempts
-                or time.perf_counter() - t_first > opts.remeasure_s):
+                or spent + last > opts.remeasure_s):
             return status
     return status

@@ -60,8 +60,9 @@ class Timing:
                                  "with prenorm, for per-pair ratios with CIs (default: on).")
     pair_order: str | None = option("str", "Round order of --paired: ABBA (default) reverses the order "
                                     "every round.", choices=ORDERS)
-    remeasure_s: float | None = option("float", "Seconds a noisy group may be timed again, its steps "
-                                       "held, counted from its first timing (default: 20; 0: never).",
+    remeasure_s: float | None = option("float", "Seconds a noisy group may spend being timed again, its "
+                                       "steps held; an attempt starts only if it fits (default: 60; 0: "
+                                       "never).",
                                        min=0)
     max_attempts: int | None = option("int", "Timings of one group at most, the first included "
                                       "(default: 3).", min=1)
@@ -166,7 +167,7 @@ class RunSpec:
                           case_timeout=(sw.case_timeout or 900.0) if isolate else None),
             timing=replace(t, repeats=t.repeats or 10, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
                            paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None,
-                           remeasure_s=20.0 if t.remeasure_s is None else t.remeasure_s,
+                           remeasure_s=60.0 if t.remeasure_s is None else t.remeasure_s,
                            max_attempts=t.max_attempts or 3, noise_thresholds=thresholds),
             race=replace(race, train=train, data=absolute(race.data) if train else None, train_steps=(race.train_steps or 300) if train else None,
                          target_loss=(race.target_loss or 1.9) if train else None),
@@ -194,7 +195,7 @@ class RunSpec:
         return SweepOptions(flops=sw.flops, timing=TimingPolicy(repeats=t.repeats, warmup_min_s=t.warmup_s),
                             paired=t.paired, pair_order=t.pair_order or "ABBA", isolate=sw.isolate,
                             case_timeout=sw.case_timeout or 900.0,
-                            remeasure_s=20.0 if t.remeasure_s is None else t.remeasure_s,
+                            remeasure_s=60.0 if t.remeasure_s is None else t.remeasure_s,
                             max_attempts=t.max_attempts or 3,
                             noise_thresholds=check_thresholds(t.noise_thresholds))
 
