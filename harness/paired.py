@@ -115,9 +115,12 @@ def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, re
 # --- the paired sweep ------------------------------------------------------------------------
 
 def group_key(case: "Case") -> tuple:
-    """What the cases of one paired group share: backend, compile mode, mode, the whole decoder
-    config (workload and shape) and seed; they differ in router, options and impl."""
-    return (case.backend, case.compile_mode, case.mode, case.cfg, case.seed)
+    """What the cases of one paired group share: mode, the whole decoder config (workload and
+    shape) and seed; they differ in router, options, impl and backend. Eager and compiled steps of
+    one shape are timed in one interleaved group, so "vs eager" is a per-pair ratio as "vs prenorm"
+    is; CUDA-graph replays keep a group of their own (a capture beside compiled graphs is not
+    worth the risk to the others)."""
+    return ("cudagraph" if case.backend == "cudagraph" else "eager/compile", case.mode, case.cfg, case.seed)
 
 
 def pairable(case: "Case") -> bool:
@@ -237,7 +240,7 @@ def time_group(cases: list["Case"], steps: dict[str, Callable[[], object]], devi
     """
     by_key = {c.key: c for c in cases if c.key in steps}
     keys = sorted(by_key, key=lambda k: by_key[k].router != BASELINE)  # stable: prenorm first
-    backend = cases[0].backend
+    backend = "compile" if any(c.backend == "compile" for c in cases) else cases[0].backend
     spent, last = 0.0, 0.0  # seconds spent re-measuring; duration of the last attempt
     for attempt in range(1, max(1, opts.max_attempts) + 1):
         t0 = time.perf_counter()

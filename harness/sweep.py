@@ -69,7 +69,8 @@ def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: Staging
     held: dict[str, Callable[[], object]] = {}
     status: dict[str, str] = {}
     try:
-        with compile_group(cases[0].backend, len(cases)):
+        with compile_group("compile" if any(c.backend == "compile" for c in cases) else cases[0].backend,
+                           len(cases)):
             for case, first in todo:
                 beat(case.key, 1)
                 cw = NetOfResident(w, device) if held and device.type == "cuda" else w

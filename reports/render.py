@@ -297,9 +297,16 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     bt = tables.backend_table(df)
     bt = bt[bt["backend"] != "eager"]
     backends = Section("Backends: compiled and graph-replayed vs eager", [(
-        "text", "vs_eager = median step / the eager median of the same router, impl, mode and "
-                "shape (below 1 is faster); setup_s is the compile or CUDA-graph capture time, "
-                "never included in a step.")])
+        "text", "Paired: each compiled step timed in one interleaved group with the eager step of "
+                "the same router, impl and shape; vs eager = median over rounds of compiled / eager "
+                "time of the same round, with a 95 % bootstrap CI (below 1 is faster).")])
+    backends.blocks += _table_blocks(paired.paired_vs_eager_table(df),
+                                     "No paired eager/compiled groups in these runs (runs before "
+                                     "backends were paired: see the unpaired table below).",
+                                     drop=("variant",), split=("run_id", "mode"))
+    backends.blocks.append(("text", "Unpaired (detail): vs_eager = median step / the eager median of "
+                                    "the same router, impl, mode and shape; setup_s is the compile or "
+                                    "CUDA-graph capture time, never included in a step."))
     backends.blocks += _table_blocks(bt, "No compile or cudagraph rows in these runs.",
                                      drop=("variant",), split=("run_id", "mode"))
     backends.blocks.append(_figure_block(figs.get("compile_vs_eager"), "compile_vs_eager",

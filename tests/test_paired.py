@@ -181,14 +181,25 @@ def test_sm_clock_is_silent_on_cpu():
 
 @pytest.mark.compile
 @pytest.mark.slow
-def test_compiled_models_of_a_group_coexist_without_recompiling(tmp_path):
-    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"], backends=["compile"])
+def test_eager_and_compiled_steps_share_one_group_so_vs_eager_is_paired(tmp_path):
+    cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"], backends=["eager", "compile"])
     with RunWriter(tmp_path, "run", "s") as w:
-        assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 2}
+        assert run_sweep(cases, CPU, w, PAIRED, progress=False) == {"resumed": 0, "ok": 4}
+    markers = units(tmp_path)
+    assert len(markers) == 1 and len(markers[0]["cases"]) == 4  # one interleaved group
     rows = pd.DataFrame(load_rows([tmp_path]))
     st = rows[rows.metric == "step_time"]
-    assert (st.status == "ok").all() and st.pair.notna().all() and len(st) == 6
-    assert (rows[rows.metric == "compile_time"].value > 0).all()
+    assert (st.status == "ok").all() and st.pair.notna().all() and len(st) == 12
+    assert (rows[rows.metric == "compile_time"].value > 0).all()  # compiled models coexist
+    df = load_frame([tmp_path])
+    from reports.paired import paired_vs_eager_table
+    ve = paired_vs_eager_table(df)
+    assert sorted(ve.router) == ["haares", "prenorm"] and (ve.pairs == 3).all()
+    for r in ve.itertuples():  # the median of per-round ratios, from the rows themselves
+        side = st[(st.router == r.router)].pivot_table(index="pair", columns="backend", values="value")
+        assert r.vs_eager == pytest.approx(statistics.median(side["compile"] / side["eager"]))
+    pt = paired_ratio_table(df)
+    assert set(pt.backend) == {"eager", "compile"}  # vs prenorm still within each backend
 
 
 def test_cli_paired_flag_and_manifest(tmp_path):

@@ -61,7 +61,8 @@ def mid_group(out: Path, run_id: str) -> bool:
     if not dirs:
         return False
     d = dirs[0]
-    committed = (d / RECORDS_FILE).exists() and END in (d / RECORDS_FILE).read_text()
+    # a group committed (not only the run's bandwidth unit, which holds no case)
+    committed = (d / RECORDS_FILE).exists() and any(m["cases"] for m in units(d))
     staged = any(len(read_jsonl(p)) >= 2 for p in (d / PENDING_DIR).glob("*.jsonl")) \
         if (d / PENDING_DIR).exists() else False
     return committed and staged
