@@ -52,6 +52,8 @@ class SweepOptions:
             its steps held: another attempt starts only when one more (as long as the last) fits.
         max_attempts: timings of one group at most (1: never re-measure).
         noise_thresholds: the thresholds of :data:`harness.noise.THRESHOLDS` to re-measure by.
+        group_budget_bytes: a paired group estimated above this many bytes is split into
+            subgroups that each hold prenorm (:func:`harness.paired.split_group`); None: never.
     """
 
     flops: bool = True
@@ -64,6 +66,7 @@ class SweepOptions:
     remeasure_s: float = 60.0
     max_attempts: int = 3
     noise_thresholds: dict = field(default_factory=lambda: dict(THRESHOLDS))
+    group_budget_bytes: int | None = None
 
 
 def build_model(case: Case, device: torch.device) -> Decoder:

@@ -123,6 +123,57 @@ def group_key(case: "Case") -> tuple:
     return ("cudagraph" if case.backend == "cudagraph" else "eager/compile", case.mode, case.cfg, case.seed)
 
 
+def case_bytes(case: "Case") -> int:
+    """Estimated memory one case of a paired group holds while the group is timed, in bytes (an
+    estimate, stated as such): weights (by dtype); for ``fwd_bwd`` and ``train_step`` their
+    gradients and the activations of a step (Korthikanti et al. 2022, eq. 1, at this dtype's
+    bytes); AdamW's two float32 moments for ``train_step``; one layer's activations otherwise."""
+    from .schedule import decoder_parameter_count
+    cfg = case.cfg
+    if cfg.workload == "router_only":
+        n = decoder_parameter_count(cfg, case.router, case.router_kwargs()) - 16 * cfg.d_model ** 2 * cfg.n_layers
+    else:
+        n = decoder_parameter_count(cfg, case.router, case.router_kwargs())
+    item = torch.tensor([], dtype=cfg.torch_dtype).element_size()
+    b, t, d, h = cfg.batch_size, cfg.seq_len, cfg.d_model, cfg.n_heads
+    layer = t * b * d * (34 + 5 * h * t / d) * item / 2
+    total = n * item + 2 * b * t * cfg.vocab_size * 4
+    if case.mode in ("fwd_bwd", "train_step"):
+        total += n * item + cfg.n_layers * layer
+    else:
+        total += layer
+    if case.mode == "train_step":
+        total += 8 * n
+    return int(total)
+
+
+def split_group(group: list["Case"], budget: int | None) -> list[list["Case"]]:
+    """``group`` as one unit when its estimated memory (:func:`case_bytes`) fits ``budget`` bytes,
+    else as subgroups that each hold every ``prenorm`` case of the group (the A of every pair) and
+    whole routers (a router's eager and compiled steps stay together, so "vs eager" stays paired),
+    packed in order; a router that does not fit even alone with prenorm gets a subgroup of its own
+    (it may then fail as an ``oom`` row)."""
+    if budget is None or sum(case_bytes(c) for c in group) <= budget:
+        return [group]
+    anchors = [c for c in group if c.router == BASELINE]
+    buckets: dict[tuple, list] = {}
+    for c in group:
+        if c.router != BASELINE:
+            buckets.setdefault((c.router, str(sorted(c.router_kwargs().items())), c.impl), []).append(c)
+    base = sum(case_bytes(c) for c in anchors)
+    parts, cur, used = [], [], base
+    for bucket in buckets.values():
+        need = sum(case_bytes(c) for c in bucket)
+        if cur and used + need > budget:
+            parts.append(anchors + cur)
+            cur, used = [], base
+        cur += bucket
+        used += need
+    if cur or not parts:
+        parts.append(anchors + cur)
+    return parts
+
+
 def pairable(case: "Case") -> bool:
     """Whether the case can be timed in a group (``reduce-overhead`` cannot: see the module doc)."""
     return not (case.backend == "compile" and case.compile_mode == "reduce-overhead")

@@ -38,14 +38,19 @@ MEMORY_FRACTION = 0.5
 
 
 def parameter_count(run: TrainRun) -> int:
-    """Parameters of ``run``'s decoder: the shared part in closed form (per layer 4d² attention,
-    12d² SwiGLU or 8d² GELU MLP, two norm gains; embedding and LM head V·d each unless tied; the
-    final norm), the router's counted on the ``meta`` device (no memory is allocated)."""
+    """Parameters of ``run``'s decoder (:func:`decoder_parameter_count`)."""
+    return decoder_parameter_count(run.cfg, run.router, run.options)
+
+
+def decoder_parameter_count(cfg, router: str, options: dict) -> int:
+    """Parameters of a decoder of shape ``cfg`` with ``router``: the shared part in closed form
+    (per layer 4d² attention, 12d² SwiGLU or 8d² GELU MLP, two norm gains; embedding and LM head
+    V·d each unless tied; the final norm), the router's counted on the ``meta`` device (no memory
+    is allocated)."""
     from routers import build_router
-    cfg = run.cfg
     with torch.device("meta"):
-        n_router = sum(p.numel() for p in build_router(run.router, cfg.d_model, cfg.n_layers,
-                                                      **run.options).parameters())
+        n_router = sum(p.numel() for p in build_router(router, cfg.d_model, cfg.n_layers,
+                                                      **options).parameters())
     d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab_size
     mlp = 12 * d * d if cfg.mlp == "swiglu" else 8 * d * d
     return L * (4 * d * d + mlp + 2 * d) + V * d * (1 if cfg.tie_embeddings else 2) + d + n_router

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from .cases import Case
 from .measure import PAIRED_DEFAULT, SweepOptions, flops_key, run_case
-from .paired import NetOfResident, compile_group, group_key, pairable, time_group
+from .paired import NetOfResident, compile_group, group_key, pairable, split_group, time_group
 from .rundir import RunWriter, StagingWriter
 
 __all__ = ["PAIRED_DEFAULT", "SweepOptions", "measure_unit", "run_sweep", "sweep_units"]
@@ -37,13 +37,29 @@ STARTUP_S = 120.0
 Heartbeat = Callable[[str, int], None]
 
 
-def sweep_units(cases: Iterable[Case], paired: bool = PAIRED_DEFAULT) -> list[list[Case]]:
-    """The units of a sweep in order of first appearance: paired groups, or single cases."""
+def sweep_units(cases: Iterable[Case], paired: bool = PAIRED_DEFAULT,
+                budget_bytes: int | None = None) -> list[list[Case]]:
+    """The units of a sweep in order of first appearance: paired groups (split when their
+    estimated memory exceeds ``budget_bytes``, :func:`harness.paired.split_group`), or single
+    cases."""
     groups: dict[object, list[Case]] = {}
     for i, case in enumerate(cases):
         key = group_key(case) if paired and pairable(case) else ("alone", i)
         groups.setdefault(key, []).append(case)
-    return list(groups.values())
+    return [part for g in groups.values() for part in (split_group(g, budget_bytes) if len(g) > 1 else [g])]
+
+
+def split_groups(cases: Iterable[Case], paired: bool, budget_bytes: int | None) -> list[dict]:
+    """For the manifest: each paired group that was split, with its subgroups' case counts."""
+    whole = sweep_units(cases, paired, None)
+    out = []
+    for g in whole:
+        parts = split_group(g, budget_bytes) if len(g) > 1 else [g]
+        if len(parts) > 1:
+            c = g[0]
+            out.append({"mode": c.mode, "d_model": c.cfg.d_model, "n_layers": c.cfg.n_layers,
+                        "cases": len(g), "subgroups": [len(p) for p in parts]})
+    return out
 
 
 def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: StagingWriter,
@@ -106,7 +122,7 @@ def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,
         seen.add(flops_key(case))
     bar = tqdm(total=len(cases), desc="cost sweep" + (" (paired)" if opts.paired else ""), unit="case",
                disable=not progress)
-    for group in sweep_units(cases, opts.paired):
+    for group in sweep_units(cases, opts.paired, opts.group_budget_bytes):
         todo = [(c, first_of[c.key]) for c in group if c.key not in run.completed]
         stats["resumed"] += len(group) - len(todo)
         bar.update(len(group) - len(todo))

@@ -437,7 +437,16 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
              if has_train else None)
     if train is not None and not has_cost:  # a training run: its sentences are the summary
         sections.append(train)
-    if warnings := _warnings(df):
+    warnings = _warnings(df)
+    for run_id, m in manifests.items():
+        split = (m.get("group_memory") or {}).get("split") or []
+        if split:
+            warnings.append(f"Split groups (run {run_id}): {len(split)} paired group(s) did not fit in "
+                            f"{m['group_memory']['budget_bytes'] / 2**30:.1f} GiB by estimate and were timed "
+                            "as subgroups that each hold prenorm (and a router's eager and compiled steps "
+                            "together): ratios to prenorm and to eager stay paired; times across "
+                            "subgroups are not.")
+    if warnings:
         sections.append(Section("Warnings", [("text", w) for w in warnings]))
     sections += _cost_sections(df, figs, manifests) if has_cost else []
     if train is not None and has_cost:

@@ -283,3 +283,26 @@ def test_report_has_the_paired_section_and_figures(tmp_path):
     assert paired_ratio_figure(load_frame([d]), d) is None
     out = build_report([d])
     assert "paired_ratios.png" not in out and "No paired step times" in out["report.md"].read_text()
+
+
+def test_a_group_too_big_for_memory_is_split_into_subgroups_that_each_hold_prenorm():
+    from harness.paired import case_bytes, split_group
+    from harness.sweep import split_groups, sweep_units
+    from workloads.decoder import Decoder
+    cases = expand(["prenorm", "haares", "block_attnres", "rezero"], TINY, [16], [2], ["fwd_bwd"],
+                   backends=["eager", "compile"], impls=["naive", "two_phase"])
+    (group,) = sweep_units(cases, True)
+    assert len(group) == 12 and split_group(group, None) == [group]
+    one = max(case_bytes(c) for c in group)
+    parts = split_group(group, 3 * one)
+    assert len(parts) > 1 and sorted(c.key for p in parts for c in p if c.router != "prenorm") == \
+        sorted(c.key for c in group if c.router != "prenorm")  # every case once, prenorm in every part
+    for p in parts:
+        assert {c.backend for c in p if c.router == "prenorm"} == {"eager", "compile"}
+        for r in {(c.router, c.impl) for c in p if c.router != "prenorm"}:  # a router's backends together
+            assert {c.backend for c in p if (c.router, c.impl) == r} == {"eager", "compile"}
+    assert sweep_units(cases, True, 3 * one) == parts
+    assert split_groups(cases, True, 3 * one)[0]["subgroups"] == [len(p) for p in parts]
+    # the estimate's weights and gradients: 2 × parameters × 4 bytes at float32, at least
+    m = Decoder(group[0].cfg, group[0].router)
+    assert case_bytes(group[0]) >= 2 * 4 * sum(p.numel() for p in m.parameters())

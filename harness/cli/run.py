@@ -35,8 +35,20 @@ def run_cmd(config, **cli) -> None:
                          max_steps=spec.race.train_steps, eval_every=RACE_EVAL_EVERY)
         runs = plan(spec.race_options(), tc, [0], corpus)
     run = Run("run", spec)
+    from dataclasses import replace
+
+    from ..schedule import MEMORY_FRACTION, available_bytes
+    from ..sweep import split_groups
+    budget = int(MEMORY_FRACTION * available_bytes(run.device))  # a group must fit in half the free memory
+    opts = replace(opts, group_budget_bytes=budget)
+    split = split_groups(cases, opts.paired, budget)
     run.manifest({"cases": len(cases), "timing": timing_manifest(opts),
+                  "group_memory": {"budget_bytes": budget, "fraction_of_free": MEMORY_FRACTION,
+                                   "split": split},
                   **({"corpus": corpus_info(corpus)} if corpus else {})})
+    if split:
+        click.echo(f"note: {len(split)} paired group(s) do not fit in {budget / 2**30:.1f} GiB by estimate "
+                   "and are split into subgroups that each hold prenorm (manifest: group_memory)", err=True)
     run.announce(f"  ({len(cases)} cost cases)")
     with run.guarded(lambda: [c.key for c in cases] + [k for *_, k in runs]):
         record_bandwidth(run.writer, run.device, opts.timing)  # once per run: the floor's bandwidth
