@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from . import paired, tables
-from .sentences import MINUS
+from .sentences import cost_sentence
 
 #: Widest interval, relative to its ratio ((hi − lo) / ratio), that is still quoted as a number.
 TOLERANCE = 0.25
@@ -69,34 +69,7 @@ def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
     return out.reindex(columns=COLUMNS).reset_index(drop=True)
 
 
-def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str) -> str:
-    """``+36 % eager [CI 29 to 41 %]``, or why the number is not given."""
-    if ratio != ratio:
-        return ""
-    if hi != hi or lo != lo or (hi - lo) / ratio > TOLERANCE:
-        return f"imprecise {label} (CI wider than {TOLERANCE:.0%} of the ratio)"
-
-    def pct(x: float, sign: str = "+") -> str:
-        return f"{(x - 1) * 100:{sign}.0f}".replace("-", MINUS)
-
-    text = f"{pct(ratio)} % {label} [CI {pct(lo, '')} to {pct(hi, '')} %]"
-    return text + (" (noisy group)" if isinstance(noisy, str) and noisy else "")
-
-
-def cost_sentence(r: dict) -> str:
-    """One sentence of a :func:`cost_summary` row, e.g. "haares two_phase over prenorm at d=256,
-    12 layers, T=256, B=4, fwd_bwd: +36 % eager [CI 29 to 41 %]; +16 % compiled [CI 10 to 21 %];
-    1.40× the saved activations."."""
-    parts = [p for p in (_pct(r["eager_ratio"], r["eager_lo"], r["eager_hi"], r["eager_noisy"], "eager"),
-                         _pct(r["compile_ratio"], r["compile_lo"], r["compile_hi"], r["compile_noisy"],
-                              "compiled")) if p]
-    if r.get("saved_ratio") == r.get("saved_ratio") and r.get("saved_ratio") is not None:
-        parts.append(f"{r['saved_ratio']:.2f}× the saved activations")
-    return (f"{r['router']} {r['impl']} over prenorm at d={r['d_model']}, {r['n_layers']} layers, "
-            f"T={r['seq_len']}, B={r['batch_size']}, {r['mode']}: " + "; ".join(parts) + ".")
-
-
 def cost_sentences(df: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
     """The summary sentences and the table they quote."""
     t = cost_summary(df)
-    return [cost_sentence(r) for r in t.to_dict("records")], t
+    return [cost_sentence(r, TOLERANCE) for r in t.to_dict("records")], t
