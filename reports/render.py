@@ -262,9 +262,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                    manifests: dict[str, dict]) -> list[Section]:
     """The sections of the cost sweep: step time, FLOPs and memory; paired timing; backends;
     the routers' cost models."""
-    cost = Section("Cost: step time, FLOPs and memory vs prenorm", _table_blocks(
-        tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
-        split=("run_id", "workload", "mode", "backend", "compile_mode")))
+    cost = Section("Cost: step time, FLOPs and memory vs prenorm", [])  # figures first, then tables
     # Paired ratios are the headline; a run timed --no-paired gets the unpaired figure, labelled.
     if figs.get("overhead_vs_width") is None and figs.get("step_time_overhead_vs_width"):
         cost.blocks.append(_figure_block(figs["step_time_overhead_vs_width"], "step_time_overhead_vs_width",
@@ -284,6 +282,11 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
         _figure_block(figs.get("memory_vs_depth"), "memory_vs_depth",
                       "Saved activations and router state vs depth, as multiples of prenorm's (eager)"),
     ]
+    cost.blocks.append(("text", "Detail: unpaired medians (overhead = router median / prenorm median − 1 "
+                                "in the same run; the paired ratios are in the summary and the paired "
+                                "section)."))
+    cost.blocks += _table_blocks(tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
+                                 split=("run_id", "workload", "mode", "backend", "compile_mode"))
     cost.blocks += [("subtitle", "Throughput and MFU"), (
         "text", "tokens/s = tokens per step (B·T; B for decode) / median step. Model FLOP per "
                 "step (docs/FLOPS.md, \"MFU\"): per token 6·N + 12·L·d·T for fwd_bwd and "

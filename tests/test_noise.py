@@ -93,6 +93,17 @@ def test_a_group_timed_under_load_is_flagged_noisy(tmp_path):
     slow = (loaded[loaded.metric == "step_time"].value.median() /
             quiet[quiet.metric == "step_time"].value.median())
     print(f"loaded/quiet median step time {slow:.1f}x; quiet reasons {reasons(quiet)}")
+    # The loaded group's summary quotes its own paired ratio (or calls it imprecise), flagged
+    # noisy; nothing is stated across the two timings, which were not paired.
+    from reports import build_report
+    from reports.summary import cost_sentences
+    from reports.tables import load_frame
+    build_report([tmp_path / "loaded"], tmp_path / "rep")
+    said, table = cost_sentences(load_frame([tmp_path / "loaded"]))
+    pt = pd.read_csv(tmp_path / "rep" / "paired.csv")
+    assert table.eager_ratio.iloc[0] == pytest.approx(pt.ratio.iloc[0])
+    pct = f"{(pt.ratio.iloc[0] - 1) * 100:+.0f} % eager".replace("-", "\u2212")
+    assert (pct in said[0] or "imprecise eager" in said[0]) and "(noisy group)" in said[0]
 
 
 def test_the_report_uses_the_last_attempt_and_flags_noise_by_its_thresholds(tmp_path):
