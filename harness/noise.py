@@ -27,6 +27,7 @@ thresholds the ``report`` command line can change (``--noise-thresholds``).
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -59,8 +60,8 @@ def check_thresholds(values: Mapping[str, Any] | None, label: str = "--noise-thr
     for k, v in (values or {}).items():
         if k not in THRESHOLDS:
             raise ValueError(f"{label}: unknown threshold {k!r}; known: {', '.join(THRESHOLDS)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"{label}: {k} must be a number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{label}: {k} must be a finite number >= 0, got {v!r}")
         out[k] = float(v)
     return out
 
@@ -139,11 +140,11 @@ def noise_reasons(m: Mapping[str, Any], thresholds: Mapping[str, float] = THRESH
         return None if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
 
     if (v := val("cpu_util")) is not None and v < thresholds["cpu_util_min"]:
-        out.append(f"cpu_util {v:.2f} < {thresholds['cpu_util_min']:g}")
+        out.append(f"cpu_util {v:.3f} < {thresholds['cpu_util_min']:g}")
     if (v := val("cpu_pressure")) is not None and v > thresholds["cpu_pressure_max"]:
-        out.append(f"cpu_pressure {v:.2f} > {thresholds['cpu_pressure_max']:g}")
+        out.append(f"cpu_pressure {v:.3f} > {thresholds['cpu_pressure_max']:g}")
     if (v := val("iqr_rel")) is not None and v > thresholds["iqr_rel_max"]:
-        out.append(f"iqr_rel {v:.2f} > {thresholds['iqr_rel_max']:g}")
+        out.append(f"iqr_rel {v:.3f} > {thresholds['iqr_rel_max']:g}")
     if (v := val("ci_width_rel")) is not None and v > thresholds["ci_width_rel_max"]:
-        out.append(f"ci_width_rel {v:.2f} > {thresholds['ci_width_rel_max']:g}")
+        out.append(f"ci_width_rel {v:.3f} > {thresholds['ci_width_rel_max']:g}")
     return out

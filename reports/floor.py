@@ -56,13 +56,14 @@ NO_TABLE = ("No floor: it needs paired step times of prenorm and another router 
 
 COLUMNS = ["run_id", "router", "options", "impl", "variant", "backend", "compile_mode", "mode",
            "workload", *tables.SHAPE_COLS, "device", "extra_bytes", "bandwidth_gbs", "nominal_gbs",
-           "floor_ms", "prenorm_ms", "floor_share_pct", "overhead_pct", "over_floor"]
+           "floor_ms", "prenorm_ms", "floor_share_pct", "paired_overhead_pct", "over_floor"]
 #: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).
 COLUMN_STYLE = {
     "extra_bytes": ("extra router bytes / step (model)", "{:.3g}"),
     "bandwidth_gbs": ("measured bandwidth (GB/s)", "{:.0f}"),
     "nominal_gbs": ("nominal bandwidth (GB/s)", "{:.0f}"),
     "floor_ms": ("floor (ms)", "{:.4f}"), "floor_share_pct": ("floor (% of prenorm)", "{:.2f}"),
+    "paired_overhead_pct": ("paired overhead vs prenorm (%)", "{:+.1f}"),
     "over_floor": ("× floor", "{:.1f}"),
 }
 
@@ -127,9 +128,10 @@ def floor_table(df: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.Data
         :data:`COLUMNS`: the case, ``extra_bytes`` (model, per step), ``bandwidth_gbs`` (median
         ``mem_bandwidth`` of the case's run and device), ``nominal_gbs``, ``floor_ms``,
         ``prenorm_ms`` (prenorm's median over the pairs), ``floor_share_pct`` (floor / prenorm
-        × 100), ``overhead_pct`` ((ratio − 1) × 100), ``over_floor`` (overhead_pct /
+        × 100), ``paired_overhead_pct`` ((paired ratio − 1) × 100), ``over_floor`` (paired_overhead_pct /
         floor_share_pct). NaN where the run has no bandwidth row or the prenorm time is missing;
-        ``over_floor`` NaN where the model adds no bytes (a floor of 0). Empty frame with the
+        ``over_floor`` NaN where the model adds no bytes (a floor of 0) or the overhead is not
+        positive. Empty frame with the
         columns when nothing is paired.
     """
     t = paired_ratio_table(df) if paired is None else paired
@@ -148,8 +150,10 @@ def floor_table(df: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.Data
     t["floor_ms"] = t["extra_bytes"] / (t["bandwidth_gbs"].astype(float) * 1e9) * 1e3
     prenorm = t["prenorm_ms"].astype(float).where(t["prenorm_ms"].astype(float) > 0)
     t["floor_share_pct"] = t["floor_ms"] / prenorm * 100
-    t["overhead_pct"] = (t["ratio"].astype(float) - 1) * 100
-    t["over_floor"] = t["overhead_pct"] / t["floor_share_pct"].where(t["floor_share_pct"] > 0)
+    t["paired_overhead_pct"] = (t["ratio"].astype(float) - 1) * 100
+    # times the floor paid: only meaningful for a positive overhead over a positive floor
+    t["over_floor"] = (t["paired_overhead_pct"].where(t["paired_overhead_pct"] > 0)
+                       / t["floor_share_pct"].where(t["floor_share_pct"] > 0))
     return t[COLUMNS].replace([np.inf, -np.inf], np.nan).reset_index(drop=True)
 
 

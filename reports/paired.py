@@ -45,8 +45,9 @@ COLUMN_STYLE = {
     "ratio": ("ratio to prenorm (median of pairs)", "{:.3f}"),
     "ratio_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "ratio_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
     "attempts": ("timings", None), "noisy": ("noisy (last timing)", None),
-    "eager_ms": ("eager (ms)", "{:.3f}"), "vs_eager": ("vs eager (median of pairs, ×)", "{:.3f}"),
-    "vs_eager_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "vs_eager_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
+    "eager_ms": ("eager (ms)", "{:.3f}"),
+    "paired_vs_eager": ("vs eager, paired (median of pairs, ×)", "{:.3f}"),
+    "paired_vs_eager_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "paired_vs_eager_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
 }
 METHOD = (f"Paired timing: in each run, the routers of one backend, mode and shape were timed "
           f"interleaved with prenorm in one process (ABBA rounds unless the manifest says "
@@ -118,7 +119,8 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
 EAGER_KEYS = ("run_id", "session", "resume_unit", "mode", "workload", *tables.SHAPE_COLS, "device",
               "seed", "router", "options", "impl", "variant")
 EAGER_COLUMNS = [*(k for k in EAGER_KEYS if k not in ("session", "resume_unit")), "backend",
-                 "compile_mode", "pairs", "eager_ms", "median_ms", "vs_eager", "vs_eager_lo", "vs_eager_hi"]
+                 "compile_mode", "pairs", "eager_ms", "median_ms", "paired_vs_eager", "paired_vs_eager_lo",
+                 "paired_vs_eager_hi"]
 
 
 def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
@@ -127,7 +129,7 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
     shape timed in the same interleaved group, pair by pair (``harness.paired.group_key``).
 
     Returns:
-        :data:`EAGER_COLUMNS`: ``vs_eager`` (median over rounds of that backend's time / the eager
+        :data:`EAGER_COLUMNS`: ``paired_vs_eager`` (median over rounds of that backend's time / the eager
         time of the same round; below 1 is faster) with its bootstrap interval, ``eager_ms`` and
         ``median_ms`` over the common rounds. Runs that timed the backends in separate groups
         (older runs) give no rows: their "vs eager" is unpaired (``tables.backend_table``).
@@ -147,8 +149,8 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
                                                n_boot=n_boot, conf=conf, seed=seed)
             out.append({**dict(zip(EAGER_KEYS, gk)), "backend": backend, "compile_mode": cm,
                         "pairs": len(common), "eager_ms": float(eager[common].median()),
-                        "median_ms": float(other[common].median()), "vs_eager": ratio,
-                        "vs_eager_lo": lo, "vs_eager_hi": hi})
+                        "median_ms": float(other[common].median()), "paired_vs_eager": ratio,
+                        "paired_vs_eager_lo": lo, "paired_vs_eager_hi": hi})
     if not out:
         return pd.DataFrame(columns=EAGER_COLUMNS)
     return pd.DataFrame(out)[EAGER_COLUMNS].reset_index(drop=True)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from harness import noise
 from harness.records import MANIFEST_FILE, aborted_summary
 
 from . import figures, floor, paired, sentences, summary, tables, training
@@ -331,8 +332,8 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     pairs.blocks += _table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
                                   drop=("variant",), split=("run_id", "mode", "backend",
                                                             "compile_mode"))
-    pairs.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm")
-                        if figs.get("paired_ratios") else ("text", paired.NO_DATA))
+    if not figs.get("paired_ratios"):  # else the summary shows it
+        pairs.blocks.append(("text", paired.NO_DATA))
     floor_t = floor.floor_table(df)
     floors = Section("Physical floor: the router's extra bytes over the memory bandwidth",
                      [("text", floor.FLOOR_METHOD)])
@@ -352,6 +353,10 @@ def _warnings(df: pd.DataFrame) -> list[str]:
     timed groups whose last timing was noisy (:mod:`harness.noise`; their ratios are flagged in
     the paired table)."""
     out = [f"Records: {p}" for p in df.attrs.get("record_problems", [])]
+    given = df.attrs.get("noise_thresholds")
+    if given and given != noise.THRESHOLDS:
+        out.append("Noise thresholds given to this report (not the defaults the run re-measured by): "
+                   + ", ".join(f"{k} {v:g}" for k, v in given.items()) + ".")
     noisy = paired.noise_by_case(df, df.attrs.get("noise_thresholds"))
     if noisy:
         timed = tables.ok_rows(df, "step_time")["case_key"].nunique()
@@ -397,7 +402,8 @@ def consistency_warnings(df: pd.DataFrame, tolerance: float = RATIO_TOLERANCE) -
             unpaired = 1 + both["overhead_pct"] / 100
             off = both[(unpaired / both["ratio"] - 1).abs() > tolerance]
             if len(off):
-                who = ", ".join(f"{r['variant']} {r['mode']} {r['backend']}: paired {r['ratio']:.2f}, "
+                who = ", ".join(f"{r['variant']} {r['mode']} {r['backend']} d={r['d_model']} "
+                                f"L={r['n_layers']}: paired {r['ratio']:.2f}, "
                                 f"unpaired {1 + r['overhead_pct'] / 100:.2f}"
                                 for r in off.head(5).to_dict("records"))
                 out.append(f"Inconsistent: {len(off)} paired and unpaired ratios to prenorm differ by "
@@ -458,8 +464,11 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
         sections.append(Section("Results", [("text", "No rows in these runs: no cost-sweep "
                                                      "rows and no training rows.")]))
     fails = Section("Skipped and failed cases", _table_blocks(
-        tables.failures(df), "None: every case ran (not-converged training runs are listed "
-                             "above).", drop=_FAILURE_FOLDED))
+        tables.failures(df), ("No failure row; but some records could not be read (see Warnings), "
+                              "so cases may be missing: `routerbench status RUN_DIR` counts them."
+                              if df.attrs.get("record_problems") else
+                              "None: every case ran" + (" (not-converged training runs are listed above)."
+                                                        if has_train else ".")), drop=_FAILURE_FOLDED))
     aborted = {str(d): aborted_summary(d) for d in run_dirs}
     if any(a["units"] for a in aborted.values()):
         fails.blocks.append(("text", "Units cut short and measured again (their rows are kept in "

@@ -57,7 +57,7 @@ def test_floor_matches_a_hand_computation(tmp_path):
     assert row["extra_bytes"] == step and row["floor_ms"] == pytest.approx(floor_ms)
     assert row["prenorm_ms"] == 10.0
     assert row["floor_share_pct"] == pytest.approx(floor_ms / 10.0 * 100)        # 13.21 %
-    assert row["overhead_pct"] == pytest.approx(20.0)                            # 12 ms / 10 ms
+    assert row["paired_overhead_pct"] == pytest.approx(20.0)                            # 12 ms / 10 ms
     assert row["over_floor"] == pytest.approx(20.0 / (floor_ms / 10.0 * 100))   # 1.51 ×
     assert "2 × forward" in FLOOR_METHOD
     path = write_floor(load_frame([tmp_path / "bw"]), tmp_path / "out")
@@ -67,7 +67,7 @@ def test_floor_matches_a_hand_computation(tmp_path):
     _write_pairs(tmp_path / "nobw", bandwidth_gbs=None)
     row = floor_table(load_frame([tmp_path / "nobw"])).iloc[0]
     assert row["extra_bytes"] == step and math.isnan(row["floor_ms"]) and math.isnan(row["over_floor"])
-    assert row["overhead_pct"] == pytest.approx(20.0)
+    assert row["paired_overhead_pct"] == pytest.approx(20.0)
 
 
 def test_nominal_bandwidth_by_name():

@@ -31,14 +31,15 @@ def test_thresholds_flag_each_reading_and_ignore_missing_ones():
     quiet = {"cpu_util": 0.9, "cpu_pressure": 0.01, "iqr_rel": 0.02, "ci_width_rel": 0.03}
     assert noise.noise_reasons(quiet) == []
     loud = {"cpu_util": 0.2, "cpu_pressure": 0.6, "iqr_rel": 0.5, "ci_width_rel": 0.4}
-    assert noise.noise_reasons(loud) == ["cpu_util 0.20 < 0.35", "cpu_pressure 0.60 > 0.2",
-                                         "iqr_rel 0.50 > 0.15", "ci_width_rel 0.40 > 0.15"]
+    assert noise.noise_reasons(loud) == ["cpu_util 0.200 < 0.35", "cpu_pressure 0.600 > 0.2",
+                                         "iqr_rel 0.500 > 0.15", "ci_width_rel 0.400 > 0.15"]
     assert noise.noise_reasons({"cpu_pressure": float("nan")}) == []
     assert noise.noise_reasons({"iqr_rel": 0.2}, noise.check_thresholds({"iqr_rel_max": 0.25})) == []
     with pytest.raises(ValueError, match="unknown threshold 'iqr'"):
         noise.check_thresholds({"iqr": 1})
-    with pytest.raises(ValueError, match="cpu_util_min must be a number >= 0"):
-        noise.check_thresholds({"cpu_util_min": -1})
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="cpu_util_min must be a finite number >= 0"):
+            noise.check_thresholds({"cpu_util_min": bad})
     assert noise.iqr_rel([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0 / 3.0)
 
 

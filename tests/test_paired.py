@@ -197,7 +197,7 @@ def test_eager_and_compiled_steps_share_one_group_so_vs_eager_is_paired(tmp_path
     assert sorted(ve.router) == ["haares", "prenorm"] and (ve.pairs == 3).all()
     for r in ve.itertuples():  # the median of per-round ratios, from the rows themselves
         side = st[(st.router == r.router)].pivot_table(index="pair", columns="backend", values="value")
-        assert r.vs_eager == pytest.approx(statistics.median(side["compile"] / side["eager"]))
+        assert r.paired_vs_eager == pytest.approx(statistics.median(side["compile"] / side["eager"]))
     pt = paired_ratio_table(df)
     assert set(pt.backend) == {"eager", "compile"}  # vs prenorm still within each backend
 

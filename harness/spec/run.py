@@ -60,16 +60,18 @@ class Timing:
                                  "with prenorm, for per-pair ratios with CIs (default: on).")
     pair_order: str | None = option("str", "Round order of --paired: ABBA (default) reverses the order "
                                     "every round.", choices=ORDERS)
-    remeasure_s: float | None = option("float", "Seconds a noisy group may spend being timed again, its "
-                                       "steps held; an attempt starts only if it fits (default: 60; 0: "
-                                       "never).",
-                                       min=0)
+    remeasure_s: float | None = option("float", "Seconds a group flagged noisy may spend being timed "
+                                       "again (its models stay built); a new timing starts only if one "
+                                       "more, as long as the last, fits in what is left (default: 60; "
+                                       "0: never).", min=0)
     max_attempts: int | None = option("int", "Timings of one group at most, the first included "
                                       "(default: 3).", min=1)
-    noise_thresholds: dict | None = option("table", "Thresholds of a noisy group as JSON, e.g. "
-                                           '{"cpu_pressure_max": 0.3} (keys: cpu_util_min, '
-                                           "cpu_pressure_max, iqr_rel_max, ci_width_rel_max; defaults in "
-                                           "harness/noise.py).", metavar="JSON")
+    noise_thresholds: dict | None = option("table", "When a group counts as noisy, as JSON merged with "
+                                           "the defaults: cpu_util_min 0.35 (process CPU time / (wall × "
+                                           "threads)), cpu_pressure_max 0.2 (share of time a task waited "
+                                           "for a CPU), iqr_rel_max 0.15 (IQR / median of a case), "
+                                           "ci_width_rel_max 0.15 (paired CI width / ratio); e.g. "
+                                           '{"cpu_pressure_max": 0.3}.', metavar="JSON")
 
 
 @dataclass(frozen=True)
