@@ -25,7 +25,7 @@ tests_rc=$?
 # One shape large enough to be GPU-bound: d=1024, 4 layers, T=512, B=8, bf16.
 shape=(--widths 1024 --depths 4 --n-heads 8 --seq-len 512 --batch-size 8 --dtype bfloat16)
 common=(--routers prenorm,rezero,layerscale,full_attnres,block_attnres,haares,wav_v1 --impls two_phase
-        --no-train --no-report --quiet --repeats 20 --warmup-s 1 --out "$OUT")
+        --no-train --no-report --quiet --repeats 20 --warmup-s 1 --remeasure-s 10 --out "$OUT")
 # Two runs (a run directory holds one spec): eager + cudagraph, then compile.
 echo "== sweep: eager and cudagraph x fwd_bwd, train_step"
 timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-check-graph \
