@@ -733,8 +733,10 @@ def memory_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
 
 
 def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
-    """Compiled (and graph-replayed) / eager median step time of each router and impl
-    (``vs_eager`` of :func:`reports.tables.backend_table`), one bar per setting, a line at 1.
+    """Compiled (and graph-replayed) / eager step time of each router and impl, one bar per
+    setting, a line at 1: the paired ratio with its bootstrap CI as error bars
+    (:func:`reports.paired.paired_vs_eager_table`) where the backends were timed in one group,
+    else the unpaired ``vs_eager`` of :func:`reports.tables.backend_table`, said so on the axis.
     One panel per run, mode and workload, at the largest shape (d_model × n_layers) that ran
     under a non-eager backend; only routers that did.
 
@@ -743,8 +745,16 @@ def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         drawn, with their ``label`` and ``panel``), or ``None`` when no compile or cudagraph step
         time has an eager one to compare with.
     """
-    bt = tables.backend_table(df)
-    bt = bt[(bt["backend"] != "eager") & bt["vs_eager"].notna()].copy()
+    from .paired import paired_vs_eager_table
+    pv = paired_vs_eager_table(df)
+    is_paired = not pv.empty
+    if is_paired:  # eager and compiled timed in one group: per-round ratios with their CI
+        bt = pv.rename(columns={"paired_vs_eager": "vs_eager", "paired_vs_eager_lo": "lo",
+                                "paired_vs_eager_hi": "hi"})
+    else:  # older runs: the backends were timed apart, so only unpaired medians exist
+        bt = tables.backend_table(df)
+        bt = bt[(bt["backend"] != "eager") & bt["vs_eager"].notna()].copy()
+        bt["lo"] = bt["hi"] = np.nan
     if bt.empty:
         return None
     bt["setting"] = _backend_label(bt)
@@ -771,14 +781,18 @@ def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         height = 0.8 / len(settings)
         for j, setting in enumerate(settings):
             s = g[g["setting"] == setting].set_index("label").reindex(labels)
+            v = s["vs_eager"].astype(float)
+            err = np.vstack([v - s["lo"].astype(float), s["hi"].astype(float) - v]) if is_paired else None
             bars = ax.barh(np.arange(len(labels)) + (j - (len(settings) - 1) / 2) * height,
-                           s["vs_eager"].astype(float), height=height, color=colors[setting],
-                           label=setting)
+                           v, height=height, color=colors[setting], label=setting, xerr=err,
+                           error_kw={"elinewidth": 1, "capsize": 2, "ecolor": "0.2"})
             ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
         ax.axvline(1.0, color="0.4", linestyle="--", linewidth=1)
         ax.set_yticks(range(len(labels)), labels)
         ax.invert_yaxis()
-        ax.set_xlabel("compiled / eager median step time (×; < 1 is faster)")
+        ax.set_xlabel("compiled / eager step time, median of per-round ratios (×; bars: 95 % "
+                      "bootstrap CI; < 1 is faster)" if is_paired else
+                      "compiled / eager median step time, unpaired (×; < 1 is faster)")
         ax.set_title(panel, fontsize=9)
     _figure_legend(fig, axes)
     _suptitle(fig, f"Compiled vs eager step time (largest compiled shape) — {_device(df)}",

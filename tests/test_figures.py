@@ -164,7 +164,7 @@ def test_compile_vs_eager_ratio_with_readable_labels(tmp_path, monkeypatch):
     assert t.set_index("label")["vs_eager"].to_dict() == pytest.approx(
         {"prenorm · naive": 0.5, "haares · naive": 0.4, "haares · two_phase": 0.75})
     assert seen["yticks"] == ["prenorm · naive", "haares · naive", "haares · two_phase"]
-    assert seen["xlabel"].startswith("compiled / eager median step time (×")
+    assert seen["xlabel"].startswith("compiled / eager median step time, unpaired (×")  # timed apart
     assert "d=64 L=4" in t["panel"].iloc[0] and "T=64 B=2" in seen["title"]
     assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX
 

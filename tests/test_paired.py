@@ -200,6 +200,10 @@ def test_eager_and_compiled_steps_share_one_group_so_vs_eager_is_paired(tmp_path
         assert r.paired_vs_eager == pytest.approx(statistics.median(side["compile"] / side["eager"]))
     pt = paired_ratio_table(df)
     assert set(pt.backend) == {"eager", "compile"}  # vs prenorm still within each backend
+    from reports.figures import compile_vs_eager
+    drawn = pd.read_csv(compile_vs_eager(df, tmp_path / "fig").with_suffix(".csv"))
+    assert sorted(drawn.vs_eager) == pytest.approx(sorted(ve.paired_vs_eager))  # the paired ratios
+    assert drawn.lo.isna().all()  # 3 pairs: below the 5 a bootstrap interval needs, so no bar
 
 
 def test_cli_paired_flag_and_manifest(tmp_path):
