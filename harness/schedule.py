@@ -78,13 +78,10 @@ def available_bytes(device: torch.device) -> int:
     ``/proc/meminfo`` on a CPU (else the free physical pages)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux): the free physical pages below
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 

@@ -18,6 +18,8 @@ from reports import tables
 from reports.figures import NO_DATA
 from reports.render import CPU_RACE_NOTE
 
+from frames import row
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHAPE = dict(n_heads=4, seq_len=64, batch_size=2, dtype="float32")
 
@@ -86,14 +88,6 @@ def run_dir(tmp_path):
         train_run(w, "haares", 0, [3.0, 2.6, 2.2, 2.1])
     write_manifest(d, "cpu", {"run_id": "run-a", "corpus": {"sha256": "f" * 64}})
     return d
-
-
-def row(frame, **where):
-    sel = frame
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    assert len(sel) == 1, f"{where}: {len(sel)} rows"
-    return sel.iloc[0]
 
 
 def test_load_frame_types(run_dir):

@@ -23,6 +23,8 @@ from reports import sentences as say
 from reports.figures import NO_DATA, decomposition, loss_curves, time_to_target
 from reports.render import CPU_RACE_NOTE, display_frame
 
+from frames import row
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHAPE = dict(workload="decoder", d_model=64, n_layers=2, n_heads=4, seq_len=64, batch_size=2,
              dtype="float32")
@@ -133,14 +135,6 @@ def df(race):
 @pytest.fixture(scope="module")
 def table(df):
     return training.comparison_table(df)
-
-
-def row(frame, **where):
-    sel = frame
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    assert len(sel) == 1, f"{where}: {len(sel)} rows"
-    return sel.iloc[0]
 
 
 def gmean_ci(ratios):
