@@ -24,6 +24,8 @@ seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists
 - ``kill_in_eval=N``: the same, but after the N-th evaluation's checkpoint is written and its rows
   are staged, before they are committed (the test of a checkpoint without its rows: resume goes
   back to the checkpoint before, and the staged rows go to ``aborted/``).
+- ``slow=MS``: every call of the case's step sleeps MS milliseconds before it runs (a planted
+  slowdown for the CI gate's tests, ``routerbench gate``: a regression that needs no code change).
 
 Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
 ``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
-KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval")
+KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "slow")
 
 
 def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
@@ -96,6 +98,20 @@ def maybe_inject(case_key: str) -> None:
     if kind == "hang":
         while True:
             time.sleep(3600)
+
+
+def maybe_slow(case_key: str, step):
+    """``step`` itself, or, when ``ROUTERBENCH_FAULT`` names this case ``slow=MS``, a step that
+    sleeps MS milliseconds and then calls it (a host-side delay, timed like any other work)."""
+    entry = fault_entry(case_key)
+    if not entry or entry[0] != "slow":
+        return step
+    delay = (entry[1] or 0) / 1e3
+
+    def slowed():
+        time.sleep(delay)
+        return step()
+    return slowed
 
 
 def maybe_disk_full(case_keys: Iterable[str], path: Path, data: bytes) -> None:

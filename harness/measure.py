@@ -177,6 +177,7 @@ def run_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOpti
         if opts.memory and device.type == "cuda":
             for metric, value in cuda_peak_memory(step, device).items():
                 w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
+        step = faults.maybe_slow(case.key, step)
         warm_up(step, device, opts.timing)
         if hold is not None:
             hold[case.key] = step

@@ -77,7 +77,8 @@ def round_order(names: list[str], i: int, order: str = "ABBA") -> list[str]:
 
 
 def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, repeats: int,
-                order: str = "ABBA", warmup_rounds: int = 0) -> dict[str, list[float]]:
+                order: str = "ABBA", warmup_rounds: int = 0,
+                first_round: int = 0) -> dict[str, list[float]]:
     """Time the ``steps`` interleaved: ``repeats`` rounds, each calling every step once.
 
     Each call is timed exactly as :func:`harness.timing.time_steps` times one step (CUDA events
@@ -90,6 +91,9 @@ def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, re
         repeats: rounds (pairs) kept.
         order: ``"ABBA"`` or ``"ABAB"`` (see :data:`ORDERS`).
         warmup_rounds: untimed rounds first (forward order).
+        first_round: index of the first timed round, for the order (a caller timing one round
+            per call, as the pytest-benchmark suite does, passes its round count so ABBA holds
+            across calls).
 
     Returns:
         name -> ``repeats`` durations in ms; index ``i`` of every list is round ``i``.
@@ -106,7 +110,7 @@ def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, re
             steps[name]()
         synchronize(device)
     out: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
+    for i in range(first_round, first_round + repeats):
         for name in round_order(names, i, order):
             out[name].append(time_steps(steps[name], device, 1)[0])
     return out

@@ -16,10 +16,11 @@ in fresh children to pin the failure on its case, which becomes an ``error`` row
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -29,7 +30,7 @@ from .measure import PAIRED_DEFAULT, SweepOptions, flops_key, run_case
 from .paired import NetOfResident, compile_group, group_key, pairable, split_group, time_group
 from .rundir import RunWriter, StagingWriter
 
-__all__ = ["PAIRED_DEFAULT", "SweepOptions", "measure_unit", "run_sweep", "sweep_units"]
+__all__ = ["PAIRED_DEFAULT", "SweepOptions", "measure_unit", "prepared_group", "run_sweep", "sweep_units"]
 
 #: Seconds a child under ``--isolate`` may take to start (import torch) on top of ``--case-timeout``.
 STARTUP_S = 120.0
@@ -82,6 +83,32 @@ def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: Staging
             beat(case.key, 1)
             out[case.key] = run_case(case, device, w, opts, count_flops=first)
         return out
+    with prepared_group(todo, device, w, opts, beat) as (held, status):
+        if held:
+            beat("timing", len(held))
+            status.update(time_group(cases, held, device, w, opts))
+    return status
+
+
+@contextlib.contextmanager
+def prepared_group(todo: list[tuple[Case, bool]], device: torch.device, w: StagingWriter,
+                   opts: SweepOptions, heartbeat: Heartbeat | None = None
+                   ) -> Iterator[tuple[dict[str, Callable[[], object]], dict[str, str]]]:
+    """Set up every case of a paired group and hold their warm steps while the body times them.
+
+    Each case goes through :func:`harness.measure.run_case` with ``hold`` (parameters, FLOPs,
+    saved activations, CUDA peak memory, compile or capture time, warm-up: its rows go to ``w``),
+    inside :func:`harness.paired.compile_group` so the compiled models of the group live side by
+    side. This is the one way a group is prepared: ``routerbench run`` times the held steps with
+    :func:`harness.paired.time_group`, the pytest-benchmark suite (:mod:`harness.bench`) one round
+    per benchmark call.
+
+    Yields:
+        (case key -> warm step, for the cases that set up ``ok``; case key -> status so far).
+        On exit the steps are dropped and, on CUDA, the cache emptied.
+    """
+    beat = heartbeat or (lambda label, weight: None)
+    cases = [c for c, _ in todo]
     held: dict[str, Callable[[], object]] = {}
     status: dict[str, str] = {}
     try:
@@ -91,14 +118,11 @@ def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: Staging
                 beat(case.key, 1)
                 cw = NetOfResident(w, device) if held and device.type == "cuda" else w
                 status[case.key] = run_case(case, device, cw, opts, count_flops=first, hold=held)
-            if held:
-                beat("timing", len(held))
-                status.update(time_group(cases, held, device, w, opts))
+            yield held, status
     finally:
         held.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return status
 
 
 def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,

@@ -85,7 +85,7 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
         without prenorm give no rows; empty input, an empty frame.
     """
     rows = paired_rows(df)
-    why = noise_by_case(df, df.attrs.get("noise_thresholds"))
+    why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
     for gk, g in rows.groupby(list(PAIR_KEYS), dropna=False, sort=False):
         base_rows = g[g["router"] == tables.BASELINE]
@@ -103,7 +103,7 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
             ratio, lo, hi = bootstrap_ratio_ci(a, b, n_boot=n_boot, conf=conf, seed=seed)
             (med, iqr), (bmed, biqr) = median_iqr(b), median_iqr(a)
             reasons = [f"{side}: {r}" for side, rows_ in (("router", v), ("prenorm", base_rows))
-                       for r in why.get(rows_["case_key"].iloc[0], [])]
+                       for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
             out.append({**dict(zip(PAIR_KEYS, gk)), **dict(zip(VARIANT_KEYS, vk)),
                         "pairs": len(common), "median_ms": med, "iqr_ms": iqr, "prenorm_ms": bmed,
                         "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
@@ -156,16 +156,25 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
     return pd.DataFrame(out)[EAGER_COLUMNS].reset_index(drop=True)
 
 
-def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None) -> dict[str, list[str]]:
+def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None,
+                  by_session: bool = False) -> dict:
     """case key -> why its last timing was noisy (:func:`harness.noise.noise_reasons` of its
     noise readings under ``thresholds``, default :data:`harness.noise.THRESHOLDS`); quiet cases
-    and cases without readings (records from before noise was measured) are absent."""
+    and cases without readings (records from before noise was measured) are absent. Readings of
+    different sessions are judged apart (a benchmark JSON times prenorm once per benchmark, each
+    its own session): with ``by_session`` the keys are ``(case key, session)``, else a case's
+    reasons are those of every session where it was noisy."""
     readings = df[df["metric"].isin(list(noise.UNITS)) & (df["status"] == "ok") & df["value"].notna()]
-    out = {}
-    for key, g in readings.groupby("case_key", sort=False):
+    out: dict = {}
+    for (key, session), g in readings.groupby(["case_key", "session"], sort=False):
         reasons = noise.noise_reasons(dict(zip(g["metric"], g["value"])), thresholds or noise.THRESHOLDS)
-        if reasons:
-            out[key] = reasons
+        if not reasons:
+            continue
+        if by_session:
+            out[(key, session)] = reasons
+        else:
+            out.setdefault(key, [])
+            out[key] += [r for r in reasons if r not in out[key]]
     return out
 
 

@@ -22,6 +22,19 @@ echo "== CUDA-only tests"
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/
 tests_rc=$?
 
+# Three benchmarks of the GPU suite (the pytest-benchmark path: CUDA-event times, extra_info),
+# then the gate on their JSON (exit 3, inconclusive, is only a warning here).
+echo "== benchmarks: 3 pairs of the GPU suite, then routerbench gate"
+if "$PY" -c "import pytest_benchmark" 2>/dev/null; then
+  timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/benchmarks --benchmark-only --bench-suite gpu \
+    -k "d256L12 and fwd_bwd and (eager-haares[two_phase] or cudagraph-prenorm or compile-prenorm-vs-eager)" \
+    --benchmark-json "$OUT/bench.json" --benchmark-columns=median,iqr,rounds
+  "$PY" -m harness.cli gate "$OUT/bench.json" --rules .ci/gate.toml
+  echo "gate exit status: $? (0 pass, 1 fail, 2 bad input, 3 inconclusive)"
+else
+  echo "pytest-benchmark is not installed: benchmarks skipped"
+fi
+
 # One shape large enough to be GPU-bound: d=1024, 4 layers, T=512, B=8, bf16.
 shape=(--widths 1024 --depths 4 --n-heads 8 --seq-len 512 --batch-size 8 --dtype bfloat16)
 common=(--routers prenorm,rezero,layerscale,full_attnres,block_attnres,haares,wav_v1 --impls two_phase

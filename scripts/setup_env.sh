@@ -4,7 +4,10 @@
 # torch is installed first as `torch==2.13.0` (override with TORCH_SPEC): where a CPU wheel of that
 # release is offered to pip (e.g. a local wheel directory in pip's config) pip takes the CPU build,
 # and from the default package index on Linux it takes the CUDA build, so one command serves a
-# CPU laptop and a GPU box. The project itself is then installed editable with its test extra.
+# CPU laptop and a GPU box. TORCH_INDEX_URL, when set, is the index torch alone is taken from
+# (e.g. https://download.pytorch.org/whl/cpu on a CPU-only CI runner, where the default index
+# would give the multi-GB CUDA build). The project itself is then installed editable with its
+# test extra.
 # Re-running is cheap: nothing is reinstalled unless pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +36,7 @@ quiet() {
 echo "setup: installing $TORCH_SPEC and routerbench into $VENV"
 "$py" -m pip install -q --upgrade pip
 if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}' else 1)" 2>/dev/null; then
-  quiet "$py" -m pip install -q "$TORCH_SPEC"
+  quiet "$py" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
 fi
 quiet "$py" -m pip install -q -e ".[test]"
 "$py" -c "import torch, fvcore, pandas, seaborn; print('setup: torch', torch.__version__, '| CUDA', torch.cuda.is_available())"

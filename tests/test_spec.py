@@ -327,7 +327,9 @@ def test_report_errors_are_one_line(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     _one_line_error(CliRunner().invoke(main, ["report", str(empty)]), "no records.jsonl in or below")
-    _one_line_error(CliRunner().invoke(main, ["summary", str(tmp_path / "nope")]), "is not a directory")
+    _one_line_error(CliRunner().invoke(main, ["summary", str(tmp_path / "nope")]), "does not exist")
+    (tmp_path / "file.txt").write_text("x")
+    _one_line_error(CliRunner().invoke(main, ["summary", str(tmp_path / "file.txt")]), "is not a directory")
     from harness.cases import expand
     from harness.rundir import RunWriter
     from workloads.config import PRESETS

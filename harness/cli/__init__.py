@@ -64,8 +64,8 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import compare, data, listing, profile, report, run, status, train
-    for mod in (listing, run, train, profile, report, compare, status, data):
+    from . import compare, data, gate, listing, profile, report, run, status, train
+    for mod in (listing, run, train, profile, report, compare, status, data, gate):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
 

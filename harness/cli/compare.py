@@ -22,7 +22,7 @@ def compare_cmd(runs, out) -> None:
     RUNS are two or more run dirs, or folders holding them; the first is the reference.
     """
     from reports.compare import NothingToCompare, build_compare
-    dirs = run_dirs(runs)
+    dirs = run_dirs(runs, bench_out="temp")
     if len(dirs) < 2:
         raise ConfigError(f"RUNS: only one run ({dirs[0]}); compare needs two or more run "
                           "directories (or folders holding them)")

@@ -11,18 +11,39 @@ from routers.errors import ConfigError
 from ..records import RECORDS_FILE
 
 
-def run_dirs(results) -> list[Path]:
-    """The run directories named by RESULTS: each one itself, or every run directory below it.
+def run_dirs(results, bench_out: str = "beside") -> list[Path]:
+    """The run directories named by RESULTS: each one itself, or every run directory below it; a
+    pytest-benchmark JSON (``*.json``) is converted to a run directory first
+    (:func:`harness.benchjson.to_run_dir`): ``bench_out="beside"`` writes it beside the file
+    (``bench.json`` -> ``bench/``, where its report goes), ``"temp"`` into a temporary directory
+    removed when the process exits (for commands that only read).
 
     Raises:
-        ConfigError: a path that does not exist or holds no run directory.
+        ConfigError: a path that does not exist or holds no run directory, or a malformed JSON.
     """
+    from ..benchjson import default_out, is_bench_json, to_run_dir
     out: list[Path] = []
     for r in results:
         d = Path(r)
+        if is_bench_json(d):
+            if bench_out == "temp":
+                import atexit
+                import tempfile
+                tmp = tempfile.TemporaryDirectory(prefix="routerbench-bench-")
+                atexit.register(tmp.cleanup)
+                target = Path(tmp.name) / d.stem
+            else:
+                target = default_out(d)
+            out.append(to_run_dir(d, target))
+            continue
+        if not d.exists():
+            raise ConfigError(f"RESULTS: {d} does not exist; give run directories "
+                              "(results/<device>/<run-id>), folders that hold them, or a "
+                              "pytest-benchmark JSON (*.json)")
         if not d.is_dir():
             raise ConfigError(f"RESULTS: {d} is not a directory; give run directories "
-                              "(results/<device>/<run-id>) or folders that hold them")
+                              "(results/<device>/<run-id>), folders that hold them, or a "
+                              "pytest-benchmark JSON (*.json)")
         found = [d] if (d / RECORDS_FILE).is_file() else sorted(p.parent for p in d.rglob(RECORDS_FILE))
         if not found:
             raise ConfigError(f"RESULTS: no {RECORDS_FILE} in or below {d}: no unit of that run was "
@@ -56,7 +77,9 @@ def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
               help='Thresholds of a noisy group, e.g. \'{"cpu_pressure_max": 0.3}\' (keys and defaults: '
                    "harness/noise.py THRESHOLDS).")
 def report_cmd(results, out, noise_thresholds) -> None:
-    """Tables, seaborn figures, report.html and report.md from run dirs (or folders holding them)."""
+    """Tables, seaborn figures, report.html and report.md from run dirs (or folders holding them),
+    or from a pytest-benchmark JSON of tests/benchmarks (converted to a run dir beside it:
+    bench.json -> bench/)."""
     import json
 
     from ..noise import check_thresholds
@@ -80,7 +103,7 @@ def report_cmd(results, out, noise_thresholds) -> None:
 def summary_cmd(results) -> None:
     """Print step time per case: vs prenorm, vs eager, and compile/capture time apart."""
     from reports.tables import backend_table, load_frame
-    t = backend_table(load_frame(run_dirs(results)))
+    t = backend_table(load_frame(run_dirs(results, bench_out="temp")))
     if t.empty:
         click.echo("no ok step_time rows")
         return

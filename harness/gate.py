@@ -1,0 +1,349 @@
+"""A CI gate on paired timing ratios (``routerbench gate``).
+
+MEASUREMENT.md ("Noise on shared machines"): absolute times on a shared machine can be off by a
+large factor while paired ratios hold, so the gate checks only ratios measured **in the same run**
+(pairs of one interleaved group), never times across runs; and "a CI gate on timings fails only
+when a ratio's whole confidence interval lies beyond its threshold; when the interval straddles it
+the verdict is 'inconclusive', never a silent pass".
+
+Metrics (:data:`METRICS`), each a ratio with its 95 % percentile-bootstrap interval over pairs:
+
+- ``compile_vs_eager`` / ``cudagraph_vs_eager``: compiled (or graph-replayed) step time / eager
+  step time of the same router, impl, options, mode and shape, paired per round in one group
+  (:func:`reports.paired.paired_vs_eager_table`);
+- ``overhead_vs_prenorm``: router step time / prenorm step time of the same group
+  (:func:`reports.paired.paired_ratio_table`);
+- ``overhead_growth``: this run's router/prenorm ratio divided by the baseline run's ratio for
+  the same case (:func:`harness.stats.bootstrap_ratio_of_ratios`). Growth is the ratio of the two
+  step-time ratios (a router that went from 1.20× to 1.32× prenorm grew 10 %), not the ratio of
+  overhead percentages (20 % -> 32 %), which is unstable when an overhead is near zero. It is the
+  only rule that looks across runs, and the baseline must come from the same device. Without
+  ``--baseline`` these rules are ``skipped`` (one row says so; one rules file serves runs with and
+  without a baseline), with an empty or missing baseline folder ``inconclusive``, "no baseline yet".
+
+A rule ``max_pct = X`` sets the limit ``1 + X/100``: verdict ``fail`` when the interval's low end
+lies above it, ``pass`` when its high end lies at or below it, ``inconclusive`` otherwise (the
+interval straddles the limit, or there is none: fewer than :data:`harness.stats.MIN_PAIRS_FOR_CI`
+pairs). Exit status of the command: 0 all pass (or skipped), 1 a rule failed, 3 only inconclusive
+besides passes (``--strict``: 1), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from routers.errors import ConfigError
+
+from .stats import MIN_PAIRS_FOR_CI, bootstrap_ratio_of_ratios
+
+METRICS = ("compile_vs_eager", "cudagraph_vs_eager", "overhead_vs_prenorm", "overhead_growth")
+RULE_KEYS = ("name", "metric", "max_pct", "routers", "modes", "backends")
+#: What must match for a case of this run and one of the baseline to be the same case.
+GROWTH_KEYS = ("backend", "compile_mode", "mode", "workload", "d_model", "n_layers", "n_heads",
+               "seq_len", "batch_size", "dtype", "seed", "router", "options", "impl")
+NO_CASE = "—"
+NO_BASELINE = "needs --baseline DIR"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``[[rule]]`` of the rules file; ``None`` filters mean every value present."""
+
+    name: str
+    metric: str
+    max_pct: float
+    routers: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+
+    @property
+    def limit(self) -> float:
+        return 1.0 + self.max_pct / 100.0
+
+
+def _names(v, where: str, known) -> tuple[str, ...]:
+    if isinstance(v, str) or not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{where}: must be a non-empty list of names, e.g. [\"{list(known)[0]}\"], "
+                          f"got {v!r}")
+    for x in v:
+        if x not in known:
+            raise ConfigError(f"{where}: unknown name {x!r} (known: {', '.join(known)})")
+    return tuple(v)
+
+
+def load_rules(path: str | Path) -> list[Rule]:
+    """The rules of a TOML rules file, every field checked before any result is read.
+
+    Args:
+        path: the file (``--rules``): one ``[[rule]]`` table per rule with ``metric`` (one of
+            :data:`METRICS`), ``max_pct`` (a finite number >= 0) and optionally ``name``
+            (default: the metric), ``routers`` (``routers.ROUTERS``), ``modes``
+            (``harness.modes.MODES``) and ``backends`` (``harness.backends.BACKENDS``; for the
+            overhead metrics, the backend both sides ran; the vs-eager metrics take none).
+
+    Returns:
+        The rules in file order.
+
+    Raises:
+        ConfigError: one line naming the file and the field, rules counted from 1
+            (``rules.toml: rule[2].metric: unknown metric 'foo' (known: …)``): an unreadable or
+            non-TOML file, no ``[[rule]]``, an unknown key, metric, router, mode or backend, a bad
+            ``max_pct``, a rule of prenorm alone against prenorm, backends on a vs-eager metric.
+    """
+    from routers import ROUTERS
+
+    from .backends import BACKENDS
+    from .modes import MODES
+    from .spec.base import tomllib
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the rules file ({exc.strerror or exc}); give --rules "
+                          "a TOML file of [[rule]] tables") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    extra = sorted(set(data) - {"rule"})
+    if extra:
+        raise ConfigError(f"{path}: {extra[0]}: unknown top-level key (known: rule, as [[rule]] tables)")
+    tables = data.get("rule")
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{path}: no [[rule]] table; each rule needs metric and max_pct")
+    rules = []
+    for i, t in enumerate(tables, 1):
+        where = f"{path}: rule[{i}]"
+        for key in t:
+            if key not in RULE_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(RULE_KEYS)})")
+        metric = t.get("metric")
+        if metric not in METRICS:
+            got = "missing" if metric is None else f"unknown metric {metric!r}"
+            raise ConfigError(f"{where}.metric: {got} (known: {', '.join(METRICS)})")
+        pct = t.get("max_pct")
+        if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not (math.isfinite(pct) and pct >= 0):
+            raise ConfigError(f"{where}.max_pct: {'missing' if pct is None else repr(pct)}; give a finite "
+                              "number >= 0, the % a ratio may exceed 1 by")
+        name = t.get("name", metric)
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{where}.name: must be a non-empty string, got {name!r}")
+        routers = _names(t["routers"], f"{where}.routers", ROUTERS) if "routers" in t else None
+        if metric.startswith("overhead") and routers == ("prenorm",):
+            raise ConfigError(f"{where}.routers: prenorm is the reference of {metric}; name other routers")
+        modes = _names(t["modes"], f"{where}.modes", MODES) if "modes" in t else None
+        backends = None
+        if "backends" in t:
+            if metric.endswith("_vs_eager"):
+                raise ConfigError(f"{where}.backends: {metric} takes no backends (its sides are "
+                                  f"{metric.split('_vs_')[0]} and eager)")
+            backends = _names(t["backends"], f"{where}.backends", BACKENDS)
+        rules.append(Rule(name.strip(), metric, float(pct), routers, modes, backends))
+    return rules
+
+
+def device_of(dirs: list[Path], df: pd.DataFrame, what: str) -> tuple[str, str]:
+    """The one device the runs were measured on.
+
+    Args:
+        dirs: the run directories; df: their rows (for runs without a manifest);
+        what: how to name them in an error (``RESULTS …`` or ``--baseline DIR``).
+
+    Returns:
+        ``(device type, device name)``: ``environment.device`` and ``environment.device_name`` of
+        their manifests (``cpu`` and the CPU model, or ``cuda`` and the GPU name); without any
+        manifest, the rows' ``device`` and ``"unknown"``.
+
+    Raises:
+        ConfigError: runs of several devices, naming them and ``what`` (the RESULTS or --baseline).
+    """
+    from reports.tables import load_manifests
+    found = {(str(m.get("environment", {}).get("device") or "?"),
+              str(m.get("environment", {}).get("device_name") or "unknown"))
+             for m in load_manifests(dirs).values()}
+    if not found:
+        found = {(str(d), "unknown") for d in set(df["device"]) if d} or {("?", "unknown")}
+    if len(found) > 1:
+        names = "; ".join(f"{n} ({t})" for t, n in sorted(found))
+        raise ConfigError(f"{what}: runs of several devices ({names}); the gate compares ratios of one "
+                          "device: give runs of one device")
+    return next(iter(found))
+
+
+def case_label(r, with_run: bool = False) -> str:
+    """``router [impl] (options) · backend[:compile_mode] · mode · d64 L4 T128 B8`` (plus the
+    workload and dtype when not the defaults, and the run id when several runs are gated)."""
+    parts = [f"{r['router']}" + (f" [{r['impl']}]" if r.get("impl") else "")
+             + (f" ({r['options']})" if r.get("options") else ""),
+             r["backend"] + (f":{r['compile_mode']}" if r.get("compile_mode") else ""), r["mode"]]
+    if r.get("workload") not in (None, "", "decoder"):
+        parts.append(r["workload"])
+    parts.append(" ".join(f"{k}{int(r[c])}" for c, k in (("d_model", "d"), ("n_layers", "L"),
+                                                         ("seq_len", "T"), ("batch_size", "B"))))
+    if r.get("dtype") not in (None, "", "float32"):
+        parts[-1] += f" {r['dtype']}"
+    if with_run:
+        parts.append(f"run {r['run_id']}")
+    return " · ".join(parts)
+
+
+def verdict(lo: float, hi: float, limit: float) -> tuple[str, str]:
+    """The verdict of one ratio's interval against its limit: MEASUREMENT.md's rule "a CI gate on
+    timings fails only when a ratio's whole confidence interval lies beyond its threshold; when the
+    interval straddles it the verdict is 'inconclusive', never a silent pass".
+
+    Args:
+        lo, hi: the interval's bounds (NaN when there is none: too few pairs).
+        limit: the highest ratio allowed, ``1 + max_pct/100``.
+
+    Returns:
+        ``(verdict, note)``: ``("fail", "")`` when ``lo > limit``, ``("pass", "")`` when
+        ``hi <= limit``, else ``"inconclusive"`` and why (the interval straddles the limit, or
+        there is none).
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "inconclusive", f"no CI (fewer than {MIN_PAIRS_FOR_CI} pairs)"
+    if lo > limit:
+        return "fail", ""
+    if hi <= limit:
+        return "pass", ""
+    return "inconclusive", "CI straddles the limit"
+
+
+def pair_times(df: pd.DataFrame) -> pd.DataFrame:
+    """The raw pairs behind :func:`reports.paired.paired_ratio_table`, grouped the same way: one
+    row per run, group and variant, with ``prenorm`` and ``times`` (lists of ms, common rounds
+    in order)."""
+    from reports.paired import PAIR_KEYS, VARIANT_KEYS, paired_rows
+    from reports.tables import BASELINE
+    out = []
+    for gk, g in paired_rows(df).groupby(list(PAIR_KEYS), dropna=False, sort=False):
+        base_rows = g[g["router"] == BASELINE]
+        if base_rows.empty:
+            continue
+        base_rows = base_rows[base_rows["variant"] == sorted(base_rows["variant"].unique())[0]]
+        base = base_rows.groupby("pair")["value"].median()
+        for vk, v in g[g["router"] != BASELINE].groupby(list(VARIANT_KEYS), sort=False):
+            mine = v.groupby("pair")["value"].median()
+            common = mine.index.intersection(base.index).sort_values()
+            if len(common):
+                out.append({**dict(zip(PAIR_KEYS, gk)), **dict(zip(VARIANT_KEYS, vk)),
+                            "prenorm": base[common].tolist(), "times": mine[common].tolist()})
+    return pd.DataFrame(out)
+
+
+def has_paired_ratios(df: pd.DataFrame) -> bool:
+    """Whether ``df`` holds any paired ratio a rule can check: a router beside prenorm, or a
+    compiled or graph-replayed step beside eager, in one interleaved group."""
+    from reports.paired import paired_vs_eager_table
+    return not pair_times(df).empty or not paired_vs_eager_table(df, n_boot=1).empty
+
+
+def _select(t: pd.DataFrame, rule: Rule) -> pd.DataFrame:
+    for col, allowed in (("router", rule.routers), ("mode", rule.modes), ("backend", rule.backends)):
+        if allowed is not None and len(t):
+            t = t[t[col].isin(allowed)]
+    return t
+
+
+def _row(rule: Rule, case: str, ratio: float, lo: float, hi: float, note: str = "",
+         pairs: str = "") -> dict:
+    v, why = verdict(lo, hi, rule.limit)
+    if not math.isfinite(ratio):  # nothing measured: the note says why
+        why = ""
+    elif why.startswith("no CI") and pairs:
+        why = f"no CI: {pairs}, {MIN_PAIRS_FOR_CI} needed"
+    return {"rule": rule.name, "metric": rule.metric, "case": case, "ratio": ratio, "lo": lo,
+            "hi": hi, "limit": rule.limit, "verdict": v, "note": "; ".join(n for n in (why, note) if n)}
+
+
+def _growth_rows(rule: Rule, now: pd.DataFrame, base: pd.DataFrame | str, label) -> list[dict]:
+    nan = float("nan")
+    if isinstance(base, str):
+        row = _row(rule, NO_CASE, nan, nan, nan, base)
+        return [{**row, "verdict": "skipped"} if base == NO_BASELINE else row]
+    by_case: dict[tuple, dict] = {}
+    for b in sorted(base.to_dict("records"), key=lambda b: str(b["run_id"]), reverse=True):
+        by_case[_case_key(b)] = b  # several baseline runs of a case: the first run id
+    out = []
+    for r in _select(now, rule).to_dict("records"):
+        b = by_case.get(_case_key(r))
+        if b is None:
+            out.append(_row(rule, label(r), nan, nan, nan, "not in the baseline"))
+            continue
+        g, lo, hi = bootstrap_ratio_of_ratios(r["prenorm"], r["times"], b["prenorm"], b["times"])
+        out.append(_row(rule, label(r), g, lo, hi,
+                        pairs=f"{len(r['times'])} pair(s) now, {len(b['times'])} in the baseline"))
+    return out
+
+
+def _case_key(r: dict) -> tuple:
+    """:data:`GROWTH_KEYS` of a row, numbers as floats and missing values as "" (two frames may
+    type a column differently)."""
+    def norm(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        return float(v) if isinstance(v, numbers.Number) and not isinstance(v, bool) else str(v)
+    return tuple(norm(r.get(k)) for k in GROWTH_KEYS)
+
+
+def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str = NO_BASELINE) -> pd.DataFrame:
+    """Every rule on every case of ``df`` it selects, each judged by :func:`verdict` (a check fails
+    only when the ratio's whole 95 % interval lies above the limit).
+
+    Args:
+        rules: of :func:`load_rules`.
+        df: this run's rows (:func:`reports.tables.load_frame`).
+        baseline: the baseline's rows for ``overhead_growth``; else why there are none, the note of
+            the rule's one row: :data:`NO_BASELINE` (no ``--baseline``: verdict ``skipped``) or,
+            e.g., "no baseline yet" (verdict ``inconclusive``).
+
+    Returns:
+        One row per rule and case: ``rule``, ``metric``, ``case``, ``ratio``, ``lo``, ``hi``
+        (NaN without an interval), ``limit``, ``verdict`` (``pass``/``fail``/``inconclusive``,
+        ``skipped`` for a growth rule without a baseline) and ``note`` (why inconclusive; the
+        noise flags of the group). A rule that selects no case gives one row, case ``"—"``,
+        inconclusive, "no case matched".
+
+    Raises:
+        ValueError: a non-positive step time among the pairs (:mod:`harness.stats`).
+    """
+    from reports.paired import paired_ratio_table, paired_vs_eager_table
+    with_run = df["run_id"].nunique() > 1
+
+    def label(r):
+        return case_label(r, with_run)
+    tables: dict[str, pd.DataFrame] = {}
+    rows: list[dict] = []
+    for rule in rules:
+        if rule.metric == "overhead_vs_prenorm":
+            t = tables.setdefault("ratio", paired_ratio_table(df))
+            got = [_row(rule, label(r), r["ratio"], r["ratio_lo"], r["ratio_hi"],
+                        f"noisy: {r['noisy']}" if r["noisy"] else "", f"{r['pairs']} pair(s)")
+                   for _, r in _select(t, rule).iterrows()]
+        elif rule.metric == "overhead_growth":
+            if "growth" not in tables:
+                tables["growth"] = pair_times(df)
+                tables["base"] = baseline if isinstance(baseline, str) else pair_times(baseline)
+            got = _growth_rows(rule, tables["growth"], tables["base"], label)
+        else:
+            t = tables.setdefault("eager", paired_vs_eager_table(df))
+            t = _select(t[t["backend"] == rule.metric.split("_vs_")[0]], rule)
+            got = [_row(rule, label(r), r["paired_vs_eager"], r["paired_vs_eager_lo"],
+                        r["paired_vs_eager_hi"], pairs=f"{r['pairs']} pair(s)")
+                   for _, r in t.iterrows()]
+        rows += got or [_row(rule, NO_CASE, float("nan"), float("nan"), float("nan"), "no case matched")]
+    return pd.DataFrame(rows)
+
+
+def exit_status(results: pd.DataFrame, strict: bool = False) -> int:
+    """0 every verdict ``pass`` (or ``skipped``); 1 any ``fail``; 3 only ``inconclusive`` besides
+    passes (1 when ``strict``)."""
+    if (results["verdict"] == "fail").any():
+        return 1
+    if (results["verdict"] == "inconclusive").any():
+        return 1 if strict else 3
+    return 0

@@ -1,0 +1,43 @@
+"""Every benchmark of the suite: one pair (a router vs prenorm, or compiled vs eager), set up on
+``routerbench run``'s path and timed one interleaved, synchronised round per call
+(:mod:`harness.bench`). pytest-benchmark's table shows one round of the pair (both sides); the
+paired ratio and its interval, FLOPs, memory, tokens/s and MFU are in ``extra_info``
+(``--benchmark-json``), and ``routerbench report``/``routerbench gate`` read that JSON.
+
+    pytest tests/benchmarks --benchmark-only [--bench-suite cpu|gpu] [--benchmark-json out.json]
+"""
+
+import math
+
+import pytest
+import torch
+
+from harness import backends
+from harness.bench import PairBench, default_suite, suite_pairs
+
+
+def _suite(config) -> str:
+    return config.getoption("--bench-suite") or default_suite()
+
+
+def pytest_generate_tests(metafunc):
+    if "pair" in metafunc.fixturenames:
+        pairs = suite_pairs(_suite(metafunc.config))
+        metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])
+
+
+def test_pair(benchmark, pair):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for case in (pair.a, pair.b):
+        reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
+        if reason:
+            pytest.skip(reason)
+    benchmark.group = pair.group
+    with PairBench(pair, device) as pb:
+        if pb.error:
+            pytest.fail(pb.error)
+        benchmark.pedantic(pb.round, rounds=pair.rounds, iterations=1, warmup_rounds=0)
+        info = pb.finish()
+    benchmark.extra_info.update(info)
+    assert info["pairs"] == pair.rounds
+    assert math.isfinite(info["ratio"]) and info["ratio"] > 0

@@ -1,0 +1,214 @@
+"""The pytest-benchmark suite's cases and their one measuring path (harness/bench.py), and the
+conversion of its JSON into a run directory (harness/benchjson.py). No timing decides a test:
+times are only checked to be counted, paired and carried through unchanged."""
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import bench, sweep
+from harness.bench import BenchPair, PairBench, suite_pairs, suite_table
+from harness.benchjson import to_run_dir
+from harness.cases import Case
+from harness.flop_counter import count_flops_dispatch
+from harness.measure import SweepOptions, build_model
+from harness.rundir import RunWriter
+from harness.timing import TimingPolicy
+from reports.paired import paired_ratio_table
+from reports.tables import load_frame
+from routers import ROUTERS, router_class
+from routers.errors import ConfigError
+from workloads.config import DecoderConfig
+from workloads.data import synthetic_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = DecoderConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=2)
+QUICK = SweepOptions(timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=5))
+CPU = torch.device("cpu")
+
+
+def test_cpu_suite_covers_every_router_eager_and_two_compiled():
+    cases = suite_table("cpu")
+    eager = {(c.router, c.impl, c.mode) for c in cases if c.backend == "eager"}
+    want = {(r, i, m) for r in ROUTERS for i in router_class(r).impls for m in ("fwd", "fwd_bwd")}
+    assert eager == want
+    compiled = {(c.router, c.impl, c.mode) for c in cases if c.backend == "compile"}
+    assert compiled == {("prenorm", "naive", "fwd_bwd"), ("haares", "two_phase", "fwd_bwd")}
+    assert {c.cfg.d_model for c in cases} == {64} and not any(c.backend == "cudagraph" for c in cases)
+
+
+def test_suite_pairs_are_router_vs_prenorm_or_backend_vs_eager():
+    pairs = suite_pairs("cpu")
+    ids = [p.id for p in pairs]
+    assert len(ids) == len(set(ids))
+    n_variants = sum(len(router_class(r).impls) for r in ROUTERS)
+    # each non-prenorm variant vs prenorm in fwd and fwd_bwd eager, haares compiled vs prenorm
+    # compiled, and the two compiled cases vs their eager selves
+    assert sum(p.kind == "vs_prenorm" for p in pairs) == 2 * (n_variants - 1) + 1
+    assert sum(p.kind == "vs_eager" for p in pairs) == 2
+    for p in pairs:
+        assert (p.a.cfg, p.a.mode) == (p.b.cfg, p.b.mode)
+        if p.kind == "vs_prenorm":
+            assert p.a.router == "prenorm" and p.a.backend == p.b.backend
+        else:
+            assert (p.a.router, p.a.impl, p.a.backend) == (p.b.router, p.b.impl, "eager")
+    assert {p.group for p in pairs} == {"d64 L4 T64 B8 · fwd", "d64 L4 T64 B8 · fwd_bwd"}
+    gpu = suite_pairs("gpu")
+    assert {p.b.backend for p in gpu} == {"eager", "compile", "cudagraph"}
+    assert {p.b.cfg.d_model for p in gpu} == {256, 1024}
+    with pytest.raises(ValueError, match="--bench-suite"):
+        suite_table("tpu")
+
+
+def _spy(monkeypatch):
+    """Record the loss of each held step of every group prepared through prepared_group."""
+    seen, real = [], sweep.prepared_group
+
+    @contextlib.contextmanager
+    def spy(todo, device, w, opts, heartbeat=None):
+        with real(todo, device, w, opts, heartbeat) as (held, status):
+            seen.append({k: held[k]().detach().clone() for k in held})
+            yield held, status
+    monkeypatch.setattr(sweep, "prepared_group", spy)
+    return seen
+
+
+def test_benchmark_and_run_prepare_through_one_function_with_equal_losses(tmp_path, monkeypatch):
+    seen = _spy(monkeypatch)
+    a, b = Case("prenorm", TINY, "fwd_bwd"), Case("haares", TINY, "fwd_bwd", impl="two_phase")
+    with RunWriter(tmp_path / "run", "r", "s", base={"device": "cpu"}) as run:
+        sweep.run_sweep([a, b], CPU, run, QUICK, progress=False)
+    with PairBench(BenchPair("vs_prenorm", a, b, 5), CPU, QUICK) as pb:
+        for _ in range(5):
+            pb.round()
+        info = pb.finish()
+    assert len(seen) == 2  # routerbench run's group, then the benchmark's pair
+    for key in (a.key, b.key):
+        assert torch.equal(seen[0][key], seen[1][key]), key  # bitwise
+    # the set-up rows agree too: same parameters and FLOPs for the same case
+    run_rows = [json.loads(ln) for ln in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    for metric in ("params_matrix", "params_router", "fwd_flops_dispatch", "saved_activation"):
+        ran = {(r["case_key"], r["value"]) for r in run_rows if r.get("metric") == metric}
+        benched = {(r["case_key"], r["value"]) for r in info["rows"] if r.get("metric") == metric}
+        assert ran == benched and ran, metric
+
+
+def test_pair_bench_extra_info_values():
+    a, b = Case("prenorm", TINY, "fwd_bwd"), Case("rezero", TINY, "fwd_bwd")
+    with PairBench(BenchPair("vs_prenorm", a, b, 6), CPU, QUICK) as pb:
+        assert pb.error is None
+        for _ in range(6):
+            pb.round()
+        info = pb.finish()
+    json.dumps(info)  # what pytest-benchmark stores must be JSON
+    assert info["pairs"] == 6 and info["kind"] == "vs_prenorm" and info["case_key"] == b.key
+    ta = [r["value"] for r in info["rows"] if r["metric"] == "step_time" and r["case_key"] == a.key]
+    tb = [r["value"] for r in info["rows"] if r["metric"] == "step_time" and r["case_key"] == b.key]
+    assert len(ta) == len(tb) == 6
+    assert [r["pair"] for r in info["rows"] if r["metric"] == "step_time" and r["case_key"] == b.key] == list(range(6))
+    from harness.stats import bootstrap_ratio_ci
+    assert (info["ratio"], info["ratio_lo"], info["ratio_hi"]) == bootstrap_ratio_ci(ta, tb)
+    assert info["a_ms"] == pytest.approx(sorted(ta)[2:4][0] / 2 + sorted(ta)[2:4][1] / 2)
+    model = build_model(b, CPU)
+    x, _ = synthetic_batch(TINY.vocab_size, TINY.batch_size, TINY.seq_len, seed=0)
+    counted = count_flops_dispatch(model, (x,), backward=True)
+    assert info["fwd_flops"] == counted["fwd_flops"] and info["bwd_flops"] == counted["bwd_flops"]
+    assert info["step_flops"] == counted["fwd_flops"] + counted["bwd_flops"]
+    assert "2 x multiply-add" in info["flop_convention"]
+    assert info["tokens_per_s"] == pytest.approx(TINY.batch_size * TINY.seq_len / (info["b_ms"] / 1e3))
+    assert info["mfu_pct"] is None and info["cuda_peak_allocated_bytes"] is None  # a CPU has neither
+    assert info["saved_activation_bytes"] > 0
+    assert {"cpu_util", "iqr_rel", "ci_width_rel"} <= set(info["noise"])
+
+
+def test_pair_bench_reports_a_failed_set_up(monkeypatch):
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "oom:rezero|*")
+    a, b = Case("prenorm", TINY, "fwd"), Case("rezero", TINY, "fwd")
+    with PairBench(BenchPair("vs_prenorm", a, b, 5), CPU, QUICK) as pb:
+        assert pb.error.startswith("oom: CUDA out of memory") and b.key in pb.error
+
+
+def test_slow_fault_wraps_only_the_named_case(monkeypatch):
+    from harness import faults
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "slow=5:rezero|*")
+    step = lambda: 1  # noqa: E731
+    assert faults.maybe_slow("prenorm|{}|naive", step) is step
+    assert faults.maybe_slow("rezero|{}|naive", step) is not step and faults.maybe_slow("rezero|x", step)() == 1
+
+
+def test_machine_info_names_torch_and_the_device():
+    info = bench.machine_info(CPU)
+    assert info["routerbench_torch"] == torch.__version__
+    assert info["routerbench_gpu_count"] == 0 and info["routerbench_gpu_name"] is None
+    assert info["routerbench_cpu_model"] and info["routerbench_torch_threads"] == torch.get_num_threads()
+    assert info["routerbench_environment"]["device_name"] == info["routerbench_device_name"]
+
+
+def _bench_json(tmp_path, pairs):
+    benches = []
+    for i, pair in enumerate(pairs):
+        with PairBench(pair, CPU, QUICK) as pb:
+            for _ in range(pair.rounds):
+                pb.round()
+            benches.append({"name": f"test_pair[{pair.id}]", "fullname": f"x::test_pair[{pair.id}]",
+                            "group": pair.group, "extra_info": pb.finish()})
+    data = {"machine_info": bench.machine_info(CPU), "commit_info": {"id": "abc"},
+            "benchmarks": benches + [{"name": "other", "extra_info": {}}],
+            "datetime": "2026-12-01T10:00:00.000000+00:00", "version": "5.3.1"}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    return path, benches
+
+
+def test_bench_json_becomes_a_run_dir_with_the_same_paired_ratios(tmp_path):
+    a = Case("prenorm", TINY, "fwd")
+    pairs = [BenchPair("vs_prenorm", a, Case("rezero", TINY, "fwd"), 6),
+             BenchPair("vs_prenorm", a, Case("layerscale", TINY, "fwd"), 6)]
+    path, benches = _bench_json(tmp_path, pairs)
+    run = to_run_dir(path, tmp_path / "bench")
+    t = paired_ratio_table(load_frame([run]))
+    assert len(t) == 2  # each router paired with its own benchmark's prenorm only
+    for b in benches:
+        row = t[t["router"] == b["extra_info"]["router"]].iloc[0]
+        assert row["pairs"] == 6
+        assert (row["ratio"], row["ratio_lo"], row["ratio_hi"]) == pytest.approx(
+            (b["extra_info"]["ratio"], b["extra_info"]["ratio_lo"], b["extra_info"]["ratio_hi"]), rel=1e-12)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["environment"]["torch"] == torch.__version__ and manifest["git_sha"] == "abc"
+    assert to_run_dir(path, tmp_path / "bench") == run  # a re-conversion replaces the earlier one
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("")
+    with pytest.raises(ConfigError, match="--out"):
+        to_run_dir(path, tmp_path / "other")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"benchmarks": [{"name": "x", "extra_info": {"routerbench": 1, "rows": 3}}]}')
+    with pytest.raises(ConfigError, match=r"benchmarks\[0\] \(x\): extra_info.rows"):
+        to_run_dir(bad, tmp_path / "b2")
+
+
+def test_report_command_reads_a_bench_json(tmp_path):
+    a = Case("prenorm", TINY, "fwd")
+    path, _ = _bench_json(tmp_path, [BenchPair("vs_prenorm", a, Case("rezero", TINY, "fwd"), 5)])
+    cli = [sys.executable, "-m", "harness.cli"]
+    out = subprocess.run(cli + ["report", str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "bench" / "report.md").read_text()
+    assert "rezero" in md and "d=32, 2 layers" in md
+    out = subprocess.run(cli + ["summary", str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "rezero" in out.stdout
+    bad = subprocess.run(cli + ["report", str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
+
+
+def test_benchmark_suite_collects_the_table_only_with_benchmark_only():
+    base = [sys.executable, "-m", "pytest", "tests/benchmarks", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    out = subprocess.run(base + ["--benchmark-only", "--bench-suite", "cpu"], capture_output=True,
+                         text=True, cwd=ROOT)
+    ids = [ln for ln in out.stdout.splitlines() if "test_pair[" in ln]
+    assert len(ids) == len(suite_pairs("cpu")), out.stdout[-2000:]
