@@ -1,0 +1,3 @@
+"""``routerbench diagnose``: being built (issue 12)."""
+
+COMMANDS = ()

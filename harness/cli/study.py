@@ -1,0 +1,3 @@
+"""``routerbench study``: being built (issue 12)."""
+
+COMMANDS = ()
