@@ -64,8 +64,8 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import compare, data, gate, listing, profile, report, run, status, train
-    for mod in (listing, run, train, profile, report, compare, status, data, gate):
+    from . import compare, data, diagnose, gate, listing, profile, report, run, status, study, train
+    for mod in (listing, run, train, study, profile, report, compare, gate, diagnose, status, data):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
 
