@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -275,7 +276,9 @@ class PairBench:
         ``fwd_bwd``/``train_step``; the optimizer is not counted) with ``flop_convention``, ``saved_activation_bytes`` (eager
         ``fwd_bwd``), ``cuda_peak_allocated_bytes``, ``compile_time_s``/``capture_time_s``,
         ``tokens_per_s``, ``model_tflops``, ``mfu_pct`` (None on a CPU or an unknown GPU),
-        ``noise`` (the readings) and ``noisy`` (why the timing counts as noisy, "" when quiet),
+        ``noise`` (the readings of ``b``) and ``noisy`` (why either side's timing counts as noisy,
+        "" when quiet; a noisy benchmark is flagged, not re-timed: pytest-benchmark fixes the
+        rounds),
         and ``rows``: every record row of both cases (non-null columns only).
         """
         from .env import device_name
@@ -298,6 +301,10 @@ class PairBench:
         tflops = model_flop / b_s / 1e12 if model_flop and b_s > 0 else None
         readings = {r["metric"]: r["value"] for r in self.w.rows
                     if r["case_key"] == b.key and r["metric"] in noise.UNITS and r["value"] is not None}
+        a_readings = {r["metric"]: r["value"] for r in self.w.rows
+                      if r["case_key"] == a.key and r["metric"] in noise.UNITS and r["value"] is not None}
+        reasons = [f"{side}: {why}" for side, m in (("measured", readings), ("baseline", a_readings))
+                   for why in noise.noise_reasons(m, self.opts.noise_thresholds)]
         eager_saved = next((r["value"] for r in self.w.rows if r["metric"] == "saved_activation"
                             and r["router"] == b.router and r["impl"] == b.impl), None)
         return {
@@ -322,7 +329,7 @@ class PairBench:
             "model_tflops": tflops,
             "mfu_pct": tflops * 1e12 / peak * 100 if tflops and peak else None,
             "noise": readings,
-            "noisy": "; ".join(noise.noise_reasons(readings, self.opts.noise_thresholds)),
+            "noisy": "; ".join(reasons),
             "rows": [{k: v for k, v in r.items() if v is not None} for r in self.w.rows],
         }
 
@@ -341,7 +348,8 @@ def machine_info(device: torch.device | str | None = None) -> dict[str, Any]:
     driver, CUDA, cuDNN, torch, Triton, CPU model and threads, and on CUDA the SM clock now
     (MHz; read, never set). Keys ``routerbench_*`` plus the whole
     :func:`harness.env.environment` as ``routerbench_environment`` (the device identity the gate
-    compares)."""
+    compares), and ``routerbench_argv`` (the command line, for the manifest of
+    :mod:`harness.benchjson`)."""
     from .env import environment
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     env = environment(device)
@@ -359,5 +367,6 @@ def machine_info(device: torch.device | str | None = None) -> dict[str, Any]:
         "routerbench_cpu_model": env["cpu_model"], "routerbench_cpu_count": env["cpu_count"],
         "routerbench_torch_threads": env["torch_threads"],
         "routerbench_sm_clock_mhz": sm_clock_mhz(device),
+        "routerbench_argv": list(sys.argv),
         "routerbench_environment": env,
     }

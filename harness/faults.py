@@ -24,8 +24,10 @@ seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists
 - ``kill_in_eval=N``: the same, but after the N-th evaluation's checkpoint is written and its rows
   are staged, before they are committed (the test of a checkpoint without its rows: resume goes
   back to the checkpoint before, and the staged rows go to ``aborted/``).
-- ``slow=MS``: every call of the case's step sleeps MS milliseconds before it runs (a planted
-  slowdown for the CI gate's tests, ``routerbench gate``: a regression that needs no code change).
+- ``slow=MS``: every call of the case's step first spins for MS milliseconds of wall time (a
+  planted slowdown for the CI gate's tests, ``routerbench gate``: a regression that needs no code
+  change). It spins rather than sleeps so the process stays on the CPU as real work does, and the
+  noise probe (:mod:`harness.noise`, CPU utilisation) does not read the delay as an idle machine.
 
 Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
 ``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
@@ -62,6 +64,8 @@ def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
         kind, eq, arg = kind.partition("=")
         if not sep or kind not in KINDS or (eq and not arg.isdigit()):
             raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
+        if kind == "slow" and not (eq and int(arg) > 0):
+            raise ValueError(f"{ENV}: entry {entry!r}: slow needs its delay, slow=MS:GLOB with MS > 0")
         out.append((kind, glob, int(arg) if eq else None))
     return out
 
@@ -102,14 +106,16 @@ def maybe_inject(case_key: str) -> None:
 
 def maybe_slow(case_key: str, step):
     """``step`` itself, or, when ``ROUTERBENCH_FAULT`` names this case ``slow=MS``, a step that
-    sleeps MS milliseconds and then calls it (a host-side delay, timed like any other work)."""
+    spins for MS milliseconds and then calls it (a host-side delay, timed like any other work)."""
     entry = fault_entry(case_key)
     if not entry or entry[0] != "slow":
         return step
-    delay = (entry[1] or 0) / 1e3
+    delay = entry[1] / 1e3
 
     def slowed():
-        time.sleep(delay)
+        end = time.perf_counter() + delay
+        while time.perf_counter() < end:  # spin: see the module doc
+            pass
         return step()
     return slowed
 

@@ -141,6 +141,9 @@ def load_rules(path: str | Path) -> list[Rule]:
                 raise ConfigError(f"{where}.backends: {metric} takes no backends (its sides are "
                                   f"{metric.split('_vs_')[0]} and eager)")
             backends = _names(t["backends"], f"{where}.backends", BACKENDS)
+        if any(r.name == name.strip() for r in rules):
+            raise ConfigError(f"{where}.name: {name.strip()!r} names an earlier rule too; give each rule "
+                              "its own name (the verdicts are reported by name)")
         rules.append(Rule(name.strip(), metric, float(pct), routers, modes, backends))
     return rules
 
@@ -154,16 +157,20 @@ def device_of(dirs: list[Path], df: pd.DataFrame, what: str) -> tuple[str, str]:
 
     Returns:
         ``(device type, device name)``: ``environment.device`` and ``environment.device_name`` of
-        their manifests (``cpu`` and the CPU model, or ``cuda`` and the GPU name); without any
-        manifest, the rows' ``device`` and ``"unknown"``.
+        their manifests (``cpu`` and the CPU model with its torch thread count, or ``cuda`` and
+        the GPU name); without any manifest, the rows' ``device`` and ``"unknown"``.
 
     Raises:
         ConfigError: runs of several devices, naming them and ``what`` (the RESULTS or --baseline).
     """
     from reports.tables import load_manifests
-    found = {(str(m.get("environment", {}).get("device") or "?"),
-              str(m.get("environment", {}).get("device_name") or "unknown"))
-             for m in load_manifests(dirs).values()}
+    def ident(env: dict) -> tuple[str, str]:
+        kind = str(env.get("device") or "?")
+        name = str(env.get("device_name") or "unknown")
+        if kind.startswith("cpu") and env.get("torch_threads"):  # on a CPU the threads are the device
+            name += f", {env['torch_threads']} torch threads"
+        return kind, name
+    found = {ident(m.get("environment") or {}) for m in load_manifests(dirs).values()}
     if not found:
         found = {(str(d), "unknown") for d in set(df["device"]) if d} or {("?", "unknown")}
     if len(found) > 1:
@@ -242,6 +249,68 @@ def has_paired_ratios(df: pd.DataFrame) -> bool:
     return not pair_times(df).empty or not paired_vs_eager_table(df, n_boot=1).empty
 
 
+#: Readings of the machine during a timing (:mod:`harness.noise`): when one crosses its threshold
+#: the machine was busy, which can bias a ratio, not only widen its interval, so the check is not
+#: decided. Spread readings (``iqr_rel``, ``ci_width_rel``) are only noted: the interval already
+#: carries the spread.
+MACHINE_READINGS = ("cpu_util", "cpu_pressure")
+#: Columns that place a check's rows among the records (those the check's table row has).
+_PLACE = ("run_id", "session", "backend", "compile_mode", "mode", "workload", "d_model", "n_layers",
+          "n_heads", "seq_len", "batch_size", "dtype", "seed", "router", "options", "impl")
+
+
+def unit_noise(df: pd.DataFrame, thresholds: dict | None = None) -> dict[tuple, tuple[list[str], list[str]]]:
+    """Why each timed group (``(run_id, resume_unit)``) was noisy in its last timing, split into
+    machine reasons (:data:`MACHINE_READINGS`) and spread reasons, under ``thresholds``
+    (default :data:`harness.noise.THRESHOLDS`); quiet groups are absent."""
+    from . import noise
+    readings = df[df["metric"].isin(list(noise.UNITS)) & (df["status"] == "ok") & df["value"].notna()]
+    out: dict[tuple, tuple[list[str], list[str]]] = {}
+    for (run, unit, _case), g in readings.groupby(["run_id", "resume_unit", "case_key"], sort=False):
+        m = dict(zip(g["metric"], g["value"]))
+        machine = noise.noise_reasons({k: v for k, v in m.items() if k in MACHINE_READINGS},
+                                      thresholds or noise.THRESHOLDS)
+        spread = noise.noise_reasons({k: v for k, v in m.items() if k not in MACHINE_READINGS},
+                                     thresholds or noise.THRESHOLDS)
+        if machine or spread:
+            a, b = out.setdefault((run, unit), ([], []))
+            a += [r for r in machine if r not in a]
+            b += [r for r in spread if r not in b]
+    return out
+
+
+def _noise_of(r: dict, rows: pd.DataFrame, noisy: dict) -> tuple[list[str], list[str]]:
+    """The noise reasons of the group(s) that timed the check row ``r`` (matched on the columns of
+    :data:`_PLACE` it has; the pairs of a check share one group)."""
+    if not noisy:
+        return [], []
+    sel = rows
+    for c in _PLACE:
+        if c in r and c in sel:
+            sel = sel[sel[c].astype(str) == str(r[c])]
+    machine: list[str] = []
+    spread: list[str] = []
+    for key in set(zip(sel["run_id"], sel["resume_unit"])):
+        m, s_ = noisy.get(key, ([], []))
+        machine += [x for x in m if x not in machine]
+        spread += [x for x in s_ if x not in spread]
+    return machine, spread
+
+
+def _with_noise(row: dict, machine: list[str], spread: list[str]) -> dict:
+    """A check row with its group's noise: a machine reason makes a pass or a fail
+    ``inconclusive`` (not decided on a busy machine); spread reasons are noted."""
+    notes = [row["note"]] if row["note"] else []
+    if machine and row["verdict"] in ("pass", "fail"):
+        notes.insert(0, f"busy machine, not decided (would be {row['verdict']}): {', '.join(machine)}")
+        row = {**row, "verdict": "inconclusive"}
+    elif machine:
+        notes.append(f"busy machine: {', '.join(machine)}")
+    if spread:
+        notes.append(f"noisy: {', '.join(spread)}")
+    return {**row, "note": "; ".join(notes)}
+
+
 def _select(t: pd.DataFrame, rule: Rule) -> pd.DataFrame:
     for col, allowed in (("router", rule.routers), ("mode", rule.modes), ("backend", rule.backends)):
         if allowed is not None and len(t):
@@ -260,11 +329,12 @@ def _row(rule: Rule, case: str, ratio: float, lo: float, hi: float, note: str = 
             "hi": hi, "limit": rule.limit, "verdict": v, "note": "; ".join(n for n in (why, note) if n)}
 
 
-def _growth_rows(rule: Rule, now: pd.DataFrame, base: pd.DataFrame | str, label) -> list[dict]:
+def _growth_rows(rule: Rule, now: pd.DataFrame, base: pd.DataFrame | str, label) -> list[tuple]:
+    """(this run's pair row or None, check row) per case of ``now`` the rule selects."""
     nan = float("nan")
     if isinstance(base, str):
         row = _row(rule, NO_CASE, nan, nan, nan, base)
-        return [{**row, "verdict": "skipped"} if base == NO_BASELINE else row]
+        return [(None, {**row, "verdict": "skipped"} if base == NO_BASELINE else row)]
     by_case: dict[tuple, dict] = {}
     for b in sorted(base.to_dict("records"), key=lambda b: str(b["run_id"]), reverse=True):
         by_case[_case_key(b)] = b  # several baseline runs of a case: the first run id
@@ -272,11 +342,11 @@ def _growth_rows(rule: Rule, now: pd.DataFrame, base: pd.DataFrame | str, label)
     for r in _select(now, rule).to_dict("records"):
         b = by_case.get(_case_key(r))
         if b is None:
-            out.append(_row(rule, label(r), nan, nan, nan, "not in the baseline"))
+            out.append((r, _row(rule, label(r), nan, nan, nan, "not in the baseline")))
             continue
         g, lo, hi = bootstrap_ratio_of_ratios(r["prenorm"], r["times"], b["prenorm"], b["times"])
-        out.append(_row(rule, label(r), g, lo, hi,
-                        pairs=f"{len(r['times'])} pair(s) now, {len(b['times'])} in the baseline"))
+        out.append((r, _row(rule, label(r), g, lo, hi,
+                            pairs=f"{len(r['times'])} pair(s) now, {len(b['times'])} in the baseline")))
     return out
 
 
@@ -290,7 +360,8 @@ def _case_key(r: dict) -> tuple:
     return tuple(norm(r.get(k)) for k in GROWTH_KEYS)
 
 
-def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str = NO_BASELINE) -> pd.DataFrame:
+def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str = NO_BASELINE,
+             noise_thresholds: dict | None = None) -> pd.DataFrame:
     """Every rule on every case of ``df`` it selects, each judged by :func:`verdict` (a check fails
     only when the ratio's whole 95 % interval lies above the limit).
 
@@ -300,6 +371,9 @@ def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str =
         baseline: the baseline's rows for ``overhead_growth``; else why there are none, the note of
             the rule's one row: :data:`NO_BASELINE` (no ``--baseline``: verdict ``skipped``) or,
             e.g., "no baseline yet" (verdict ``inconclusive``).
+        noise_thresholds: of :mod:`harness.noise` (default its ``THRESHOLDS``): a check whose group
+            crossed a machine threshold (CPU pressure, CPU utilisation) while it was timed is
+            ``inconclusive`` whatever its interval says (:func:`_with_noise`).
 
     Returns:
         One row per rule and case: ``rule``, ``metric``, ``case``, ``ratio``, ``lo``, ``hi``
@@ -311,8 +385,10 @@ def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str =
     Raises:
         ValueError: a non-positive step time among the pairs (:mod:`harness.stats`).
     """
-    from reports.paired import paired_ratio_table, paired_vs_eager_table
+    from reports.paired import paired_ratio_table, paired_rows, paired_vs_eager_table
     with_run = df["run_id"].nunique() > 1
+    noisy = unit_noise(df, noise_thresholds)
+    timed = paired_rows(df)
 
     def label(r):
         return case_label(r, with_run)
@@ -321,20 +397,22 @@ def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str =
     for rule in rules:
         if rule.metric == "overhead_vs_prenorm":
             t = tables.setdefault("ratio", paired_ratio_table(df))
-            got = [_row(rule, label(r), r["ratio"], r["ratio_lo"], r["ratio_hi"],
-                        f"noisy: {r['noisy']}" if r["noisy"] else "", f"{r['pairs']} pair(s)")
-                   for _, r in _select(t, rule).iterrows()]
+            got = [_with_noise(_row(rule, label(r), r["ratio"], r["ratio_lo"], r["ratio_hi"],
+                                    pairs=f"{r['pairs']} pair(s)"), *_noise_of(r, timed, noisy))
+                   for r in _select(t, rule).to_dict("records")]
         elif rule.metric == "overhead_growth":
             if "growth" not in tables:
                 tables["growth"] = pair_times(df)
                 tables["base"] = baseline if isinstance(baseline, str) else pair_times(baseline)
-            got = _growth_rows(rule, tables["growth"], tables["base"], label)
+            got = [_with_noise(row, *_noise_of(r, timed, noisy)) if r is not None else row
+                   for r, row in _growth_rows(rule, tables["growth"], tables["base"], label)]
         else:
             t = tables.setdefault("eager", paired_vs_eager_table(df))
             t = _select(t[t["backend"] == rule.metric.split("_vs_")[0]], rule)
-            got = [_row(rule, label(r), r["paired_vs_eager"], r["paired_vs_eager_lo"],
-                        r["paired_vs_eager_hi"], pairs=f"{r['pairs']} pair(s)")
-                   for _, r in t.iterrows()]
+            got = [_with_noise(_row(rule, label(r), r["paired_vs_eager"], r["paired_vs_eager_lo"],
+                                    r["paired_vs_eager_hi"], pairs=f"{r['pairs']} pair(s)"),
+                               *_noise_of(r, timed, noisy))
+                   for r in t.to_dict("records")]
         rows += got or [_row(rule, NO_CASE, float("nan"), float("nan"), float("nan"), "no case matched")]
     return pd.DataFrame(rows)
 

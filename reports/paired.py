@@ -118,9 +118,9 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
 #: resume (one interleaved group; rounds of different groups are not pairs) and case.
 EAGER_KEYS = ("run_id", "session", "resume_unit", "mode", "workload", *tables.SHAPE_COLS, "device",
               "seed", "router", "options", "impl", "variant")
-EAGER_COLUMNS = [*(k for k in EAGER_KEYS if k not in ("session", "resume_unit")), "backend",
+EAGER_COLUMNS = [*(k for k in EAGER_KEYS if k != "resume_unit"), "backend",
                  "compile_mode", "pairs", "eager_ms", "median_ms", "paired_vs_eager", "paired_vs_eager_lo",
-                 "paired_vs_eager_hi"]
+                 "paired_vs_eager_hi", "noisy"]
 
 
 def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
@@ -131,13 +131,16 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
     Returns:
         :data:`EAGER_COLUMNS`: ``paired_vs_eager`` (median over rounds of that backend's time / the eager
         time of the same round; below 1 is faster) with its bootstrap interval, ``eager_ms`` and
-        ``median_ms`` over the common rounds. Runs that timed the backends in separate groups
+        ``median_ms`` over the common rounds, ``noisy`` (why either side's last timing crossed a
+        threshold of :mod:`harness.noise`, ``""`` when quiet). Runs that timed the backends in separate groups
         (older runs) give no rows: their "vs eager" is unpaired (``tables.backend_table``).
     """
     rows = paired_rows(df)
+    why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
     for gk, g in rows.groupby(list(EAGER_KEYS), dropna=False, sort=False):
-        eager = g[g["backend"] == "eager"].groupby("pair")["value"].median()
+        eager_rows = g[g["backend"] == "eager"]
+        eager = eager_rows.groupby("pair")["value"].median()
         if eager.empty:
             continue
         for (backend, cm), o in g[g["backend"] != "eager"].groupby(["backend", "compile_mode"], sort=False):
@@ -147,10 +150,12 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
                 continue
             ratio, lo, hi = bootstrap_ratio_ci(eager[common].tolist(), other[common].tolist(),
                                                n_boot=n_boot, conf=conf, seed=seed)
+            reasons = [f"{side}: {r}" for side, rows_ in ((backend, o), ("eager", eager_rows))
+                       for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
             out.append({**dict(zip(EAGER_KEYS, gk)), "backend": backend, "compile_mode": cm,
                         "pairs": len(common), "eager_ms": float(eager[common].median()),
                         "median_ms": float(other[common].median()), "paired_vs_eager": ratio,
-                        "paired_vs_eager_lo": lo, "paired_vs_eager_hi": hi})
+                        "paired_vs_eager_lo": lo, "paired_vs_eager_hi": hi, "noisy": "; ".join(reasons)})
     if not out:
         return pd.DataFrame(columns=EAGER_COLUMNS)
     return pd.DataFrame(out)[EAGER_COLUMNS].reset_index(drop=True)

@@ -307,7 +307,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     backends.blocks += _table_blocks(paired.paired_vs_eager_table(df),
                                      "No paired eager/compiled groups in these runs (runs before "
                                      "backends were paired: see the unpaired table below).",
-                                     drop=("variant",), split=("run_id", "mode"))
+                                     drop=("variant", "session"), split=("run_id", "mode"))
     backends.blocks.append(("text", "Unpaired (detail): vs_eager = median step / the eager median of "
                                     "the same router, impl, mode and shape; setup_s is the compile or "
                                     "CUDA-graph capture time, never included in a step."))

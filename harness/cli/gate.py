@@ -39,6 +39,9 @@ def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
             out.append(Path(to_run_dir(p, tmp / f"{i}-{p.stem}")))
         elif p.is_dir():
             out += [d for d in run_dirs([p]) if d not in out]
+        elif not p.exists():
+            raise ConfigError(f"{what}: {p} does not exist; give run directories, folders that hold "
+                              "them, or a pytest-benchmark JSON file")
         else:
             raise ConfigError(f"{what}: {p} is neither a run directory (or a folder holding them) nor "
                               "a pytest-benchmark JSON file")
@@ -154,6 +157,21 @@ def summary_line(results, status: int) -> str:
             f"{n.get('fail', 0)} fail, {n.get('inconclusive', 0)} inconclusive{skipped} -> exit {status}")
 
 
+def baseline_blockers(table) -> str:
+    """Why this run must not become the baseline ("" when it may): a failed check (a regression
+    would become the reference) or a check left inconclusive for another reason than the want of a
+    baseline (a busy machine, a straddling interval: an uncertain reference)."""
+    from harness.gate import NO_CASE
+    failed = int((table["verdict"] == "fail").sum())
+    if failed:
+        return f"{failed} check(s) failed"
+    waiting = table["note"].str.startswith(("no baseline yet", "not in the baseline"))
+    unsure = table[(table["verdict"] == "inconclusive") & ~waiting & (table["case"] != NO_CASE)]
+    if len(unsure):
+        return f"{len(unsure)} check(s) inconclusive, e.g. {unsure['rule'].iloc[0]}: {unsure['note'].iloc[0]}"
+    return ""
+
+
 def _frame(dirs, what: str):
     from reports.tables import load_frame
     try:
@@ -178,20 +196,28 @@ def _names(paths) -> str:
 @click.option("--strict", is_flag=True, help="Exit 1, not 3, when a check is inconclusive.")
 @click.option("--markdown", default=None, metavar="FILE",
               help="Also write the table as GitHub markdown to FILE (e.g. for $GITHUB_STEP_SUMMARY).")
-def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown) -> None:
+@click.option("--noise-thresholds", default=None, metavar="JSON",
+              help='Thresholds of a busy machine or noisy timing, e.g. \'{"cpu_pressure_max": 0.3}\' '
+                   "(keys and defaults: harness/noise.py THRESHOLDS). A check timed while the machine "
+                   "was busy (cpu_pressure, cpu_util) is inconclusive.")
+def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown, noise_thresholds) -> None:
     """Check paired timing ratios of RESULTS (run dirs, folders holding them, or pytest-benchmark
     JSON files) against the rules: compile_vs_eager, cudagraph_vs_eager, overhead_vs_prenorm
     (ratios within one run) and overhead_growth (vs --baseline, the same device).
 
     A check fails only when the ratio's whole 95 % CI lies above 1 + max_pct/100, passes when it
     lies at or below, and is inconclusive otherwise. overhead_growth rules are skipped without
-    --baseline, inconclusive while DIR is empty. Exit status: 0 all pass, 1 a rule failed, 3 only
-    inconclusive besides passes (--strict: 1), 2 bad input.
+    --baseline, inconclusive while DIR is empty. A check whose group was timed on a busy machine
+    (harness/noise.py) is inconclusive. --update-baseline stores RESULTS only when no check failed
+    and none was inconclusive except for want of a baseline. Exit status: 0 all pass, 1 a rule
+    failed, 3 only inconclusive besides passes (--strict: 1), 2 bad input.
     """
     from harness import gate
     from reports.paired import paired_rows
     if update_baseline and baseline is None:
         raise ConfigError("--update-baseline needs --baseline DIR (the folder to write the baseline to)")
+    from .report import parse_noise_thresholds
+    thresholds = parse_noise_thresholds(noise_thresholds)
     rules = gate.load_rules(rules_path)
     base_dir = Path(baseline) if baseline is not None else None
     for r in results if base_dir is not None else ():
@@ -225,7 +251,7 @@ def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown) -
                     raise ConfigError(f"--baseline {base_dir}: measured on {base_device[1]} ({base_device[0]}), "
                                       f"RESULTS on {device[1]} ({device[0]}); ratios of two devices do not "
                                       "compare: give a baseline of this device")
-        table = gate.evaluate(rules, df, base_df)
+        table = gate.evaluate(rules, df, base_df, thresholds)
     status = gate.exit_status(table, strict)
     click.echo(render(table))
     for line in fail_lines(table):
@@ -238,8 +264,12 @@ def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown) -
         except OSError as exc:
             raise ConfigError(f"--markdown {markdown}: cannot write it ({exc.strerror or exc})") from None
     if update_baseline:
-        new = write_baseline(results, base_dir)
-        click.echo(f"baseline updated: {base_dir} now holds {_names(p.name for p in new)}")
+        why = baseline_blockers(table)
+        if why:
+            click.echo(f"baseline not updated ({why}): {base_dir} keeps what it held")
+        else:
+            new = write_baseline(results, base_dir)
+            click.echo(f"baseline updated: {base_dir} now holds {_names(p.name for p in new)}")
     sys.exit(status)  # not ctx.exit: `python -m harness.cli` drops a command's return value
 
 

@@ -80,22 +80,31 @@ def report_cmd(results, out, noise_thresholds) -> None:
     """Tables, seaborn figures, report.html and report.md from run dirs (or folders holding them),
     or from a pytest-benchmark JSON of tests/benchmarks (converted to a run dir beside it:
     bench.json -> bench/)."""
+    write_report(run_dirs(results), out, parse_noise_thresholds(noise_thresholds))
+
+
+def parse_noise_thresholds(text: str | None) -> dict | None:
+    """The thresholds of ``--noise-thresholds JSON`` (missing keys take the defaults of
+    :data:`harness.noise.THRESHOLDS`), or None when the option is not given.
+
+    Raises:
+        ConfigError: not a JSON object, an unknown key or a value that is not a finite number.
+    """
     import json
 
     from ..noise import check_thresholds
-    thresholds = None
-    if noise_thresholds is not None:
-        try:
-            given = json.loads(noise_thresholds)
-        except json.JSONDecodeError:
-            given = None
-        if not isinstance(given, dict):
-            raise ConfigError(f"--noise-thresholds must be a JSON object of thresholds, got {noise_thresholds!r}")
-        try:
-            thresholds = check_thresholds(given)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    write_report(run_dirs(results), out, thresholds)
+    if text is None:
+        return None
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError:
+        given = None
+    if not isinstance(given, dict):
+        raise ConfigError(f"--noise-thresholds must be a JSON object of thresholds, got {text!r}")
+    try:
+        return check_thresholds(given)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @click.command("summary")

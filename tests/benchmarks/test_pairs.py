@@ -21,12 +21,13 @@ def _suite(config) -> str:
 
 
 def pytest_generate_tests(metafunc):
-    if "pair" in metafunc.fixturenames:
-        pairs = suite_pairs(_suite(metafunc.config))
-        metafunc.parametrize("pair", pairs, ids=[p.id for p in pairs])
+    if "pair_id" in metafunc.fixturenames:
+        ids = [p.id for p in suite_pairs(_suite(metafunc.config))]
+        metafunc.parametrize("pair_id", ids, ids=ids)  # strings: the JSON's params stay readable
 
 
-def test_pair(benchmark, pair):
+def test_pair(benchmark, pair_id, request):
+    pair = {p.id: p for p in suite_pairs(_suite(request.config))}[pair_id]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for case in (pair.a, pair.b):
         reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
