@@ -12,6 +12,15 @@ target loss": routers trained one after the other on a shared machine see differ
 The schedule changes no number but time: a run's data order, initial weights and RNG states are
 its own, so both schedules give bitwise-equal loss curves on a CPU with a fixed thread count
 (tested).
+
+Under ``torchrun`` (:mod:`harness.distributed`) every rank runs the same loop over the same runs:
+each run of an interleaved group has its own DDP model (its own gradient buckets, one process
+group shared by all), and the ranks issue their collectives in the same order because every
+decision that could differ is taken on rank 0 and broadcast (the schedule, :func:`choose_schedule`;
+what is already done; the resume point) or is computed from values averaged over ranks (when a
+run ends). Only rank 0 writes rows and checkpoints. A run that fails on one rank (an error, an
+OOM) cannot be dropped alone while the other ranks wait in its collectives: under DDP a failure
+ends the command (rank 0 records it first when it is rank 0's), and torchrun stops the other ranks.
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ import torch
 
 from .records import RECORDS_FILE, iter_units
 
-from .backends import one_dynamo_cache, unavailable_reason
-from .train import TrainRun
+from . import distributed
+from .backends import one_dynamo_cache
+from .train import TrainRun, train_unavailable_reason
 
 SCHEDULES = ("auto", "interleaved", "sequential")
 #: Share of the device's free memory an interleaved group may be estimated to take.
@@ -57,20 +67,32 @@ def decoder_parameter_count(cfg, router: str, options: dict) -> int:
 
 
 def estimate_run_bytes(run: TrainRun) -> int:
-    """Estimated peak memory of one training run, in bytes (an estimate, stated as such):
+    """Estimated peak memory of one training run on one device (one rank under DDP), in bytes (an
+    estimate, stated as such; :func:`estimate_bytes`)."""
+    return sum(estimate_bytes(run.cfg, run.router, run.options, run.tc.precision, run.tc.grad_accum,
+                              run.world_size).values())
 
-    - weights, gradients and AdamW's two moments in float32: 16 bytes per parameter
-      (:func:`parameter_count`);
-    - activations per layer of a micro-batch: s·b·d·(34 + 5·h·s/d) bytes at 2 bytes per value
-      (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-      eq. 1), doubled for float32 activations;
-    - the logits and their gradient in float32: 2·b·s·V·4 bytes.
+
+def estimate_bytes(cfg, router: str, options: dict, precision: str = "fp32", grad_accum: int = 1,
+                   world_size: int = 1) -> dict[str, int]:
+    """Estimated peak memory of one training run on one device, by term, in bytes:
+
+    - ``states``: weights, gradients and AdamW's two moments in float32, 16 bytes per parameter
+      (:func:`decoder_parameter_count`). DDP replicates all four on every rank (its gradients are
+      views of its all-reduce buckets, so no second copy), so this term does not shrink with the
+      world size;
+    - ``activations`` per layer of a micro-batch of b = batch / (world_size · grad_accum) rows:
+      s·b·d·(34 + 5·h·s/d) bytes at 2 bytes per value (Korthikanti et al. 2022, "Reducing
+      Activation Recomputation in Large Transformer Models", eq. 1), doubled for float32;
+    - ``logits``: the logits and their gradient in float32, 2·b·s·V·4 bytes.
+
+    The last two shrink with the world size (each rank holds its slice of the global batch).
     """
-    cfg = run.cfg
-    b, s, d, h = cfg.batch_size // run.tc.grad_accum, cfg.seq_len, cfg.d_model, cfg.n_heads
-    per_value = 1.0 if run.tc.precision == "bf16-mixed" else 2.0
-    activations = cfg.n_layers * s * b * d * (34 + 5 * h * s / d) * per_value
-    return int(16 * parameter_count(run) + activations + 2 * b * s * cfg.vocab_size * 4)
+    b, s, d, h = cfg.batch_size // (world_size * grad_accum), cfg.seq_len, cfg.d_model, cfg.n_heads
+    per_value = 1.0 if precision == "bf16-mixed" else 2.0
+    return {"states": 16 * decoder_parameter_count(cfg, router, options),
+            "activations": int(cfg.n_layers * s * b * d * (34 + 5 * h * s / d) * per_value),
+            "logits": 2 * b * s * cfg.vocab_size * 4}
 
 
 def available_bytes(device: torch.device) -> int:
@@ -88,17 +110,33 @@ def available_bytes(device: torch.device) -> int:
 def choose_schedule(schedule: str, group: list[TrainRun], device: torch.device) -> dict:
     """Resolve ``auto`` for a group (the runs of one seed).
 
+    Under DDP the decision is rank 0's, sent to every rank (each rank reads its own free memory,
+    and all must follow the same schedule); on a CPU the ranks of a host share its memory, so the
+    group's estimate counts every local rank.
+
     Returns:
         the manifest entry: ``schedule`` (``interleaved`` or ``sequential``), ``requested``,
-        ``estimate_bytes`` (per run), ``group_bytes``, ``available_bytes``, ``fraction`` and
-        ``reason``.
+        ``estimate_bytes`` (per run, per rank), ``group_bytes``, ``available_bytes``, ``fraction``
+        and ``reason``.
     """
+    decision = None
+    if distributed.is_main():
+        decision = _choose_schedule(schedule, group, device)
+    return distributed.broadcast_object(decision)
+
+
+def _choose_schedule(schedule: str, group: list[TrainRun], device: torch.device) -> dict:
     per_run = {r.router: estimate_run_bytes(r) for r in group}
-    need, free = sum(per_run.values()), available_bytes(device)
+    sharing = 1
+    if device.type == "cpu" and distributed.world_size() > 1:
+        sharing = int(os.environ.get("LOCAL_WORLD_SIZE", distributed.world_size()))
+    need, free = sharing * sum(per_run.values()), available_bytes(device)
     fits = need <= MEMORY_FRACTION * free
     chosen = schedule if schedule != "auto" else ("interleaved" if fits else "sequential")
     gib = 2 ** 30
     runs = f"the {len(group)} runs of a seed need" if len(group) != 1 else "the run of a seed needs"
+    if sharing > 1:
+        runs += f" (on each of {sharing} processes)"
     estimate = f"{runs} an estimated {need / gib:.2f} GiB together, {free / gib:.1f} GiB free on {device}"
     reason = (f"requested; {estimate}" if schedule != "auto" else
               f"auto: {estimate} ({'fits' if fits else 'does not fit'} in {MEMORY_FRACTION:.0%} of it)")
@@ -111,7 +149,8 @@ class Trainer:
     errors that end one run while the others go on.
 
     Args:
-        writer: the run's :class:`harness.rundir.RunWriter` (or a null writer on ranks ≠ 0).
+        writer: the run's :class:`harness.rundir.RunWriter` (or a null writer on ranks ≠ 0, which
+            also print nothing: rank 0 speaks for all).
         run_dir: the run directory (checkpoints live in ``checkpoints/``).
         device: where runs train.
         quiet: no progress bar.
@@ -122,16 +161,20 @@ class Trainer:
                  label: str = "train") -> None:
         self.writer, self.run_dir, self.device, self.quiet, self.label = writer, Path(run_dir), device, quiet, label
         self.segments: dict[str, int] = {}  # run key -> step of its last committed evaluation
-        for marker, _ in iter_units(self.run_dir / RECORDS_FILE):
+        self.main = distributed.is_main()
+        for marker, _ in iter_units(self.run_dir / RECORDS_FILE) if self.main else ():
             seg = marker.get("segment")
             if seg:
                 self.segments[seg["case"]] = max(seg["step"], self.segments.get(seg["case"], -1))
         self.bar = None
 
     def done(self, run: TrainRun) -> bool:
-        return run.key in self.writer.completed
+        """Whether ``run`` is complete in the records (rank 0's answer, on every rank)."""
+        return distributed.broadcast_object(run.key in self.writer.completed)
 
     def _echo(self, run: TrainRun, text: str, err: bool = False) -> None:
+        if not self.main:
+            return
         msg = f"{self.label} {run.router} seed {run.seed}: {text}"
         (self.bar.write if self.bar is not None and not err else lambda m: click.echo(m, err=err))(msg)
 
@@ -147,9 +190,15 @@ class Trainer:
                 for r in rows + run.final_rows():
                     u.write(**r)
                 u.commit({run.key: run.status})
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                ckpt_dir.parent.rmdir()  # checkpoints/ once no run needs one
+            if self.main:  # rank 0 owns the files (a shared file system is assumed)
+                # the run's last weights stay for `routerbench diagnose`; its resume state goes
+                final = run.save_final_weights(self.run_dir) if run.status != "diverged" else None
+                for p in ckpt_dir.glob("*"):
+                    if p != final:
+                        p.unlink()
+                with contextlib.suppress(OSError):
+                    ckpt_dir.rmdir()  # a diverged run keeps nothing
+                    ckpt_dir.parent.rmdir()
             self._echo(run, run.summary())
         else:
             keep = run.save_checkpoint(self.run_dir) if self.writer.records is not None else None
@@ -160,7 +209,7 @@ class Trainer:
                     os.kill(os.getpid(), signal.SIGKILL)  # the test hook: checkpoint and rows staged
                 u.commit(extra={"segment": {"case": run.key, "step": ev.step}})
             self.segments[run.key] = ev.step
-            for old in ckpt_dir.glob("step-*.pt"):
+            for old in ckpt_dir.glob("step-*.pt") if keep is not None else ():
                 if old != keep:
                     old.unlink()
         if self.bar is not None:
@@ -188,16 +237,30 @@ class Trainer:
         return keep
 
     def start(self, run: TrainRun) -> bool:
-        """Set ``run`` up (from its checkpoint if one is due); False when it ended with a row."""
-        why = unavailable_reason(run.tc.backend, None, self.device)
+        """Set ``run`` up (from its checkpoint if one is due); False when it ended with a row.
+
+        Under DDP the resume point is rank 0's, and every rank loads that checkpoint (the run
+        directory must be on a file system every rank sees)."""
+        why = train_unavailable_reason(run.tc.backend, self.device)
         if why:
             self.fail(run, status="skipped", message=why)
             return False
+        ckpt, err = None, None
+        if self.main:
+            try:
+                ckpt = self.resume_point(run)
+            except Exception as exc:  # noqa: BLE001 - a missing checkpoint: a row, then go on
+                err = exc
+        if distributed.world_size() > 1:
+            ckpt, err = distributed.broadcast_object((ckpt, err))
+        if err is not None:
+            self.fail(run, err)
+            return False
         try:
-            ckpt = self.resume_point(run)
             run.setup(ckpt)
         except Exception as exc:  # noqa: BLE001 - an OOM, a failed capture: a row, then go on
             self.fail(run, exc)
+            self._fatal_under_ddp(run, exc)
             return False
         if ckpt is not None:
             self._echo(run, f"resumed at step {run.step} ({run.clock:.1f} s on its clock)")
@@ -217,6 +280,20 @@ class Trainer:
             u.commit({run.key: status})
         run.release()
         self._echo(run, f"{status}: {message}", err=status != "skipped")
+
+    def _fatal_under_ddp(self, run: TrainRun, exc: BaseException) -> None:
+        """Under DDP a run that failed on this rank cannot be dropped alone (the other ranks may
+        wait in its collectives): end this process (status 1), so torchrun stops the others. Rank
+        0 recorded the failure first (:meth:`fail`), so the resumed command goes on without it."""
+        if distributed.world_size() <= 1:
+            return
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        click.echo(f"routerbench: error: rank {distributed.rank()}: {run.router} seed {run.seed} failed "
+                   f"({type(exc).__name__}: {first}); under torchrun a run cannot fail on one process "
+                   "alone, so the command stops here"
+                   + ("; the failure is recorded, resume to go on with the other runs" if self.main else ""),
+                   err=True)
+        sys.exit(1)
 
     # --- the loop ------------------------------------------------------------------------------
     def run_group(self, runs: Iterable[TrainRun], schedule: str = "sequential", chunk: int = 10) -> None:
@@ -240,7 +317,7 @@ class Trainer:
                 active = [r for r in group if self.start(r)]
                 self.bar = tqdm(total=sum(r.stop_step for r in active), initial=sum(r.step for r in active),
                                 desc=f"{self.label} {names}"[:60], unit="step",
-                                disable=self.quiet or not active or not sys.stderr.isatty(),
+                                disable=self.quiet or not self.main or not active or not sys.stderr.isatty(),
                                 leave=False)
                 self._shown = {r.key: r.step for r in active}
                 try:
@@ -253,6 +330,7 @@ class Trainer:
                             except Exception as exc:  # noqa: BLE001 - one run fails, the others go on
                                 active.remove(r)
                                 self.fail(r, exc)
+                                self._fatal_under_ddp(r, exc)
                                 continue
                             if r.done:
                                 active.remove(r)

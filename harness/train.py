@@ -29,6 +29,15 @@ Protocol, modelled on MLPerf Training and the modded-nanogpt speedrun:
 7. A non-finite loss, or a validation loss above ln(vocab) + :data:`DIVERGENCE_MARGIN` (worse than
    a uniform prediction), ends the run as ``diverged`` (step and loss recorded); its last finite
    loss is never reported as a result.
+8. Under ``torchrun`` (:mod:`harness.distributed`) the model is wrapped in DistributedDataParallel.
+   Every rank draws the same global batch and trains on its own contiguous slice of rows, its loss
+   the mean over its slice, so DDP's average of the gradients is the gradient of the mean loss over
+   the global batch (and the clipped norm is the global one): a run's numbers do not depend on the
+   world size beyond float rounding. The validation batches are split the same way; losses are
+   averaged over ranks so every rank takes the same decisions. Tokens are global; the clock is rank
+   0's, with every rank waiting for the others at both ends of a timed stretch. Checkpoints hold the
+   underlying module (not the DDP wrapper), so a run resumes on any world size. ``cudagraph`` is a
+   ``skipped`` row under DDP (:func:`train_unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -54,8 +63,8 @@ from workloads.config import DecoderConfig
 from workloads.data import CharCorpus, fixed_val_batches, random_batches
 from workloads.decoder import Decoder, decay_groups
 
-from . import faults
-from .backends import recompile_guard
+from . import distributed, faults
+from .backends import recompile_guard, unavailable_reason
 from .modes import lm_loss
 from .stats import crossing
 from .timing import synchronize
@@ -161,6 +170,35 @@ class TrainConfig:
         return {k: v for k, v in asdict(self).items() if k not in ("cfg", "target_loss")}
 
 
+def train_unavailable_reason(backend: str, device: torch.device) -> str | None:
+    """Why a training run with ``backend`` cannot run here (a ``skipped`` row), or None."""
+    why = unavailable_reason(backend, None, device)
+    if why is None and backend == "cudagraph" and distributed.world_size() > 1:
+        why = ("cudagraph with DistributedDataParallel is not supported: the captured step would have "
+               "to hold DDP's gradient all-reduce; use --backend eager or compile under torchrun")
+    return why
+
+
+def check_world_size(batch_size: int, grad_accum: int, world: int, batch_label: str = "--batch-size",
+                     accum_label: str = "--grad-accum", origin: str = "") -> None:
+    """The global batch must split into ``world`` equal slices, and each slice into ``grad_accum``
+    micro-batches.
+
+    Args:
+        origin: where the batch size came from when not given (`` of --preset NAME``).
+
+    Raises:
+        ConfigError: naming ``batch_label`` (and ``accum_label``) and the world size.
+    """
+    if batch_size % world:
+        raise ConfigError(f"{batch_label} {batch_size}{origin} (the global batch) does not split over world "
+                          f"size {world} (torchrun --nproc_per_node {world}): give a multiple of {world}")
+    if (batch_size // world) % grad_accum:
+        raise ConfigError(f"{accum_label} {grad_accum} does not divide the {batch_size // world} rows of each "
+                          f"process ({batch_label} {batch_size}{origin} over world size {world}); change one "
+                          "of them")
+
+
 def train_options(router: str, options: dict) -> dict:
     """The options a training run of ``router`` is built with (``impl`` dropped where the router
     has a single implementation)."""
@@ -195,7 +233,8 @@ def _autocast(device: torch.device, precision: str):
 
 @torch.no_grad()
 def evaluate(model: Decoder, batches: list, device: torch.device, precision: str = "fp32") -> float:
-    """Mean loss in nats over fixed validation batches (eval mode, no grad; the uncompiled module)."""
+    """Mean loss in nats over fixed validation batches (eval mode, no grad; the uncompiled module;
+    under DDP this rank's slices of them, :meth:`TrainRun._evaluate` averages over ranks)."""
     model.eval()
     total = torch.zeros((), device=device)
     with _autocast(device, precision):
@@ -203,6 +242,19 @@ def evaluate(model: Decoder, batches: list, device: torch.device, precision: str
             total += lm_loss(model(x.to(device)), y.to(device))
     model.train()
     return float(total) / len(batches)
+
+
+def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` in DistributedDataParallel: gradients as views of its all-reduce buckets (no
+    second copy of them), buffers (the rotary tables, equal on every rank) not synchronised at
+    each forward."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    buffers = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True, **buffers)
 
 
 def _fused_ok(device: torch.device) -> bool:
@@ -233,6 +285,9 @@ class TrainRun:
 
     Built lazily (:meth:`setup`), advanced in turns (:meth:`advance`); after each evaluation the
     ``on_eval`` callback given to :meth:`advance` commits its rows and checkpoint.
+
+    Under a process group (:mod:`harness.distributed`) ``model`` is the underlying module, ``ddp``
+    its DistributedDataParallel wrapper (trained through ``fwd``); every rank builds the same run.
 
     Args:
         router, options: the router and its options.
@@ -266,9 +321,13 @@ class TrainRun:
                      "impl": self.options.get("impl", "naive"), "backend": self.tc.backend,
                      "mode": self.mode, "seed": self.seed, **self.cfg.shape_columns()}
         self.stop_step = self.stop_step or self.tc.max_steps
-        self.tokens_per_step = self.cfg.batch_size * self.cfg.seq_len
+        self.world_size, self.rank = distributed.world_size(), distributed.rank()
+        check_world_size(self.cfg.batch_size, self.tc.grad_accum, self.world_size)
+        self.rows = distributed.rank_slice(self.cfg.batch_size)  # this rank's rows of a global batch
+        self.tokens_per_step = self.cfg.batch_size * self.cfg.seq_len  # global
         self.fault = faults.fault_entry(self.key)
-        self.model = None
+        self.model = self.ddp = None
+        self.grad_norm = None  # the last step's gradient norm before clipping (a tensor)
         self._pending_steps = 0  # steps since the last evaluation
 
     # --- set-up ---------------------------------------------------------------------------
@@ -285,13 +344,21 @@ class TrainRun:
         torch.manual_seed(self.seed)
         self.model = Decoder(self.cfg, self.router, self.options, init_seed=self.seed).to(dev)
         self.model.train()
+        compiled = torch.compile(self.model, fullgraph=True) if tc.backend == "compile" else self.model
+        self.ddp = None
+        if self.world_size > 1:
+            # DDP around the compiled module (dynamo cannot trace DDP's own forward in one graph);
+            # dynamo's DDPOptimizer still splits the graph at DDP's buckets, so the all-reduce
+            # overlaps the backward. DDP sends rank 0's weights to every rank (equal anyway).
+            self.ddp = _ddp(compiled, dev)
         # The seeded initial state, kept on the host so it costs no device memory.
         self.initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        self.val = fixed_val_batches(self.corpus.val, self.cfg.batch_size, self.cfg.seq_len, tc.eval_batches)
+        self.val = [(x[self.rows], y[self.rows]) for x, y in
+                    fixed_val_batches(self.corpus.val, self.cfg.batch_size, self.cfg.seq_len, tc.eval_batches)]
         capturable = tc.backend == "cudagraph"
         self.lr = torch.tensor(tc.lr, device=dev) if capturable else tc.lr
         self.opt = self._optimizer()
-        self.fwd = torch.compile(self.model, fullgraph=True) if tc.backend == "compile" else self.model
+        self.fwd = self.ddp if self.ddp is not None else compiled
         self.gen = torch.Generator().manual_seed(self.seed)
         self.train_sum = torch.zeros((), device=dev)
         self.graphed = None
@@ -325,7 +392,13 @@ class TrainRun:
 
     def _reset(self) -> None:
         """Weights, optimizer state and data order back to their seeded initial state (in place,
-        so a captured graph's addresses stay valid)."""
+        so a captured graph's addresses stay valid).
+
+        Under DDP the wrapper keeps the same parameters (overwritten in place, equal on every
+        rank), gradients are dropped (``zero_grad`` at the next step), and no collective is in
+        flight: every warm-up step ended with its all-reduce. What DDP keeps across the reset is
+        its bucket layout (rebuilt after its first step from the order gradients arrived), which
+        changes no number."""
         with torch.no_grad():
             for k, v in self.model.state_dict().items():
                 v.copy_(self.initial[k])
@@ -338,26 +411,34 @@ class TrainRun:
                         v.zero_()
         self.gen = torch.Generator().manual_seed(self.seed)
         self.train_sum.zero_()
+        self.grad_norm = None
 
     # --- one step -------------------------------------------------------------------------
     def _loss_and_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean loss over this rank's rows ``x``/``y`` (micro-batches of ``grad_accum``), backward.
+        Under DDP the gradients are all-reduced (averaged) once, with the last micro-batch."""
         n = self.tc.grad_accum
         total = torch.zeros((), device=self.device)
-        for xm, ym in zip(x.chunk(n), y.chunk(n)):
-            with _autocast(self.device, self.tc.precision):
-                loss = lm_loss(self.fwd(xm), ym) / n
-            loss.backward()
+        for j, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
+            hold = self.ddp is not None and j < n - 1
+            with self.ddp.no_sync() if hold else contextlib.nullcontext():
+                with _autocast(self.device, self.tc.precision):
+                    loss = lm_loss(self.fwd(xm), ym) / n
+                loss.backward()
             total = total + loss.detach()
         return total
 
     def _update(self) -> None:
+        """Clip (after DDP's all-reduce: the global norm, the same on every rank), AdamW."""
         if self.tc.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
         self.opt.step()
 
     def _one_step(self, i: int) -> torch.Tensor:
-        """Optimizer step ``i`` (0-based): draw the batch, forward, backward, clip, AdamW."""
+        """Optimizer step ``i`` (0-based): draw the global batch, take this rank's rows, forward,
+        backward, clip, AdamW. Returns the mean loss over this rank's rows."""
         x, y = random_batches(self.corpus.train, self.cfg.batch_size, self.cfg.seq_len, self.gen)
+        x, y = x[self.rows], y[self.rows]
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if self.graphed is not None:
             self.lr.fill_(self.tc.lr_at(i))
@@ -380,7 +461,7 @@ class TrainRun:
         tensor LR, capturable AdamW; gradients set to None before the captured backward)."""
         from .cudagraph import CaptureError
         x, y = random_batches(self.corpus.train, self.cfg.batch_size, self.cfg.seq_len, self.gen)
-        self.static_x, self.static_y = x.to(self.device), y.to(self.device)
+        self.static_x, self.static_y = x[self.rows].to(self.device), y[self.rows].to(self.device)
         self.graphed = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
         try:
@@ -400,18 +481,23 @@ class TrainRun:
 
     def advance(self, n: int, on_eval: Callable[["TrainRun"], None]) -> None:
         """Train up to ``n`` steps on this run's clock, evaluating (off the clock) where due and
-        calling ``on_eval(self)`` after each evaluation; stops early when the run ends."""
+        calling ``on_eval(self)`` after each evaluation; stops early when the run ends.
+
+        Under DDP every rank waits for the others before the clock starts and before it stops, so
+        the stretch timed is the slowest rank's; the clock recorded is rank 0's (:meth:`_evaluate`)."""
         if not self.evals:
             self._evaluate(on_eval)
         end = min(self.step + n, self.stop_step)
         while self.step < end and not self.done:
             stop = min(end, self.next_eval_due())
             synchronize(self.device)
+            distributed.barrier(self.device)
             t0 = time.perf_counter()
             with recompile_guard(self.tc.backend):
                 for i in range(self.step, stop):
                     self.train_sum += self._one_step(i)
             synchronize(self.device)
+            distributed.barrier(self.device)
             self.clock += time.perf_counter() - t0
             self._pending_steps += stop - self.step
             self.step = stop
@@ -431,6 +517,13 @@ class TrainRun:
             train = float(self.train_sum) / n
             self.train_sum.zero_()
             self._pending_steps = 0
+        if self.world_size > 1:
+            # One gather: the means over ranks (summed in rank order, the same bits everywhere, so
+            # every rank takes the same decision below) and rank 0's clock.
+            got = distributed.gather_floats([val, math.nan if train is None else train, self.clock])
+            val = sum(g[0] for g in got) / len(got)
+            train = None if train is None else sum(g[1] for g in got) / len(got)
+            self.clock = got[0][2]
         self.evals.append(Evaluation(self.step, val, self.clock, self.step * self.tokens_per_step, train))
         limit = math.log(self.corpus.vocab_size) + self.tc.divergence_margin
         if not math.isfinite(val) or (train is not None and not math.isfinite(train)):
@@ -525,7 +618,9 @@ class TrainRun:
         return Path(run_dir) / CHECKPOINT_DIR / hashlib.sha1(self.key.encode()).hexdigest()[:16]
 
     def save_checkpoint(self, run_dir: Path) -> Path:
-        """Write the state after the last evaluation atomically (temp file, fsync, rename).
+        """Write the state after the last evaluation atomically (temp file, fsync, rename); under
+        DDP rank 0 alone writes it, with the underlying module's weights (no ``module.`` prefix),
+        which every rank loads on resume, whatever the world size then.
 
         Returns:
             the checkpoint path, ``checkpoints/<run hash>/step-<step>.pt``.
@@ -550,6 +645,25 @@ class TrainRun:
             os.fsync(fd)
         finally:
             os.close(fd)
+        return path
+
+    def save_final_weights(self, run_dir: Path) -> Path:
+        """Write the weights a finished run ended with (no optimizer or RNG state: a finished run
+        never resumes), atomically, for ``routerbench diagnose``.
+
+        Returns:
+            ``checkpoints/<run hash>/final-step-<step>.pt``.
+        """
+        d = self.checkpoint_dir(run_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"final-step-{self.step:08d}.pt"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            torch.save({"format": 1, "key": self.key, "step": self.step, "final": True,
+                        "model": self.model.state_dict()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
         return path
 
     def _restore(self, path: Path) -> None:
@@ -579,4 +693,4 @@ class TrainRun:
 
     def release(self) -> None:
         """Drop the model and optimizer (a finished run in an interleaved group)."""
-        self.model = self.fwd = self.opt = self.graphed = self.initial = self.val = None
+        self.model = self.ddp = self.fwd = self.opt = self.graphed = self.initial = self.val = None

@@ -18,7 +18,8 @@ block b: (1 + (b−1)·(1+n_kinds) + 1 + n_kinds) tensors of (B, T, d).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -68,6 +69,13 @@ class BlockAttnRes(Router):
     impls = ("naive", "two_phase")
     #: detail bases this router adds per block, in pool order ("phase", "split"); none for AttnRes.
     detail_kinds: tuple[str, ...] = ()
+    #: Observation hook of the ``naive`` path (``harness.diagnose``); None (the default) costs one
+    #: attribute test per read. When an instance sets it to a callable, every naive read and the
+    #: readout call ``weight_recorder(read, kinds, alpha)``: ``read`` the pseudo-query index
+    #: (sublayer k, or 2L for the readout), ``kinds`` the pool's source kinds in pool order (None
+    #: for a state source e, C_b, P; j for a detail of kind ``detail_kinds[j]``), ``alpha`` the
+    #: detached softmax weights (n, B, T). The ``two_phase`` path never calls it.
+    weight_recorder: Callable[[int, tuple, Tensor], None] | None = None
 
     def __init__(self, d_model: int, n_layers: int, *, n_blocks: int | None = None,
                  block_unit: str = "layer", key_norm_gain: bool = False, impl: str = "naive") -> None:
@@ -99,6 +107,11 @@ class BlockAttnRes(Router):
     def _bias(self, read: int, kinds: tuple[int | None, ...]) -> Tensor | None:
         return None
 
+    def _recorder(self, read: int, kinds: tuple[int | None, ...]) -> Callable[[Tensor], None] | None:
+        """The ``recorder`` of :func:`depth_mix` for one read (None unless ``weight_recorder``)."""
+        rec = self.weight_recorder
+        return None if rec is None else functools.partial(rec, read, kinds)
+
     # --- the contract -------------------------------------------------------------------------
     def _completed_kinds(self, n_done: int, with_details: bool = True) -> tuple[int | None, ...]:
         per_block = (None,) + (tuple(range(len(self.detail_kinds))) if with_details else ())
@@ -121,7 +134,8 @@ class BlockAttnRes(Router):
                 sources += (self._match(state.partial_details[j], state.partial),)
                 kinds += (j,)
         return depth_mix(sources, self.pseudo_query[slot.index], self._bias(slot.index, kinds),
-                         None if self.key_gain is None else self.key_gain[slot.index])
+                         None if self.key_gain is None else self.key_gain[slot.index],
+                         recorder=self._recorder(slot.index, kinds))
 
     def write(self, state: BlockState, slot: Slot, update: Tensor) -> BlockState:
         coefs = self._coefficients(slot)
@@ -152,7 +166,8 @@ class BlockAttnRes(Router):
         kinds = (None,) + self._completed_kinds(self.n_blocks, self.readout_details)
         r = 2 * self.n_layers
         return depth_mix(sources, self.pseudo_query[r], self._bias(r, kinds),
-                         None if self.key_gain is None else self.key_gain[r])
+                         None if self.key_gain is None else self.key_gain[r],
+                         recorder=self._recorder(r, kinds))
 
     def options(self) -> dict:
         return {"n_blocks": self.n_blocks, "block_unit": self.block_unit,

@@ -18,7 +18,7 @@ identity and costs 0.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,8 @@ def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def depth_mix(sources: Sequence[Tensor], query: Tensor, bias: Tensor | None = None,
-              key_gain: Tensor | None = None, eps: float = EPS) -> Tensor:
+              key_gain: Tensor | None = None, eps: float = EPS,
+              recorder: Callable[[Tensor], None] | None = None) -> Tensor:
     """Mix ``sources`` with a pseudo-query (the naive reference: stack, then mix).
 
     Args:
@@ -43,11 +44,16 @@ def depth_mix(sources: Sequence[Tensor], query: Tensor, bias: Tensor | None = No
         bias: per-source logit bias of shape (n,), or None.
         key_gain: learnable gain of the key RMSNorm, shape (d,), or None (no gain, the default).
         eps: RMSNorm ε.
+        recorder: observation hook (``harness.diagnose``), None by default: when given, it is
+            called once with the softmax weights α, detached, shape (n, B, T) in the dtype of the
+            sources (ones of shape (1, B, T) when n = 1). It changes nothing that is computed.
 
     Returns:
         h of shape (B, T, d), dtype of the sources.
     """
     if len(sources) == 1:
+        if recorder is not None:
+            recorder(sources[0].new_ones((1, *sources[0].shape[:-1])))
         return sources[0]  # softmax over one source is 1: the read is the source itself
     values = torch.stack(tuple(sources), dim=0)                      # (n, B, T, d)
     keys = F.rms_norm(values, (values.shape[-1],), weight=key_gain, eps=eps)
@@ -55,6 +61,8 @@ def depth_mix(sources: Sequence[Tensor], query: Tensor, bias: Tensor | None = No
     if bias is not None:
         logits = logits + bias.view(-1, 1, 1)
     alpha = torch.softmax(logits, dim=0, dtype=softmax_dtype(values.dtype)).to(values.dtype)
+    if recorder is not None:
+        recorder(alpha.detach())
     return torch.einsum("nbt,nbtd->btd", alpha, values)
 
 

@@ -3,6 +3,8 @@
 A corpus is a directory with ``train.bin`` and ``val.bin`` (raw token ids, uint8 when the vocabulary
 has <= 256 symbols, else uint16) and ``vocab.json``. The last ``val_fraction`` of the text is the
 validation split: contiguous, never shuffled, so it is text the model has not seen nearby.
+A ``vocab.json`` with ``"kind": "tokens"`` is a corpus of an external tokenizer's ids imported
+from nanoGPT's files (:mod:`workloads.corpora`); :meth:`CharCorpus.load` opens both kinds.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from routers.errors import ConfigError
 
 PREPARE_HINT = "run `routerbench data prepare --text FILE --out DIR` to make one"
 FILES = ("train.bin", "val.bin", "vocab.json")
+#: characters encoded per chunk when writing a corpus (bounds the int64 ids held at once)
+ENCODE_CHUNK = 1 << 24
 # The stdlib corpus keeps printable ASCII + newline so its vocabulary stays under 100 symbols.
 NOT_KEPT = re.compile(r"[^\x20-\x7e\n]")
 REPLACEMENT = "?"
@@ -38,9 +42,12 @@ class CharCorpus:
 
     Attributes: ``path`` (Path), ``chars`` (tuple of str, sorted by code point; id i is chars[i]),
     ``vocab_size`` (int), ``dtype`` (np.uint8 or np.uint16), ``sha256`` (hex digest of the source
-    text bytes), ``source`` (str), ``val_fraction`` (float), ``train`` / ``val`` (1-D np.memmap of
-    token ids, dtype ``dtype``).
+    text bytes; with ``--normalize text8``, of the normalised text), ``source`` (str), ``val_fraction`` (float), ``train`` / ``val`` (1-D np.memmap of
+    token ids, dtype ``dtype``), ``kind`` ("chars"; "tokens" for a
+    :class:`workloads.corpora.TokenCorpus`).
     """
+
+    kind = "chars"
 
     def __init__(self, path: Path, meta: dict):
         self.path = Path(path)
@@ -56,7 +63,8 @@ class CharCorpus:
 
     @classmethod
     def load(cls, path: str | Path) -> "CharCorpus":
-        """Open the corpus in directory ``path``.
+        """Open the corpus in directory ``path``: a :class:`CharCorpus`, or a
+        :class:`workloads.corpora.TokenCorpus` when vocab.json says ``"kind": "tokens"``.
 
         Raises FileNotFoundError (naming ``--data DIR`` and the prepare command) when the directory or
         one of its files is missing, ValueError when vocab.json is unreadable or a .bin file's size
@@ -69,6 +77,12 @@ class CharCorpus:
             raise FileNotFoundError(f"--data DIR: {what} '{path}'; {PREPARE_HINT}")
         try:
             meta = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+            kind = meta.get("kind", "chars")
+            if kind == "tokens":
+                from workloads.corpora import TokenCorpus
+                return TokenCorpus(path, meta)
+            if kind != "chars":
+                raise ValueError(f"unknown kind {kind!r} in vocab.json")
             return cls(path, meta)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as e:
             what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
@@ -80,7 +94,9 @@ class CharCorpus:
 
         Raises:
             ConfigError: a missing directory or file, an unreadable or corrupt ``vocab.json``
-                (truncated JSON, a missing key), a ``.bin`` file of the wrong size.
+                (truncated JSON, a missing key), a ``.bin`` file of the wrong size, a char corpus's
+                token id outside its vocabulary (a token corpus's ids were checked at import: opening
+                it reads no ids, only the file sizes).
         """
         try:
             corpus = cls.load(path)
@@ -88,6 +104,8 @@ class CharCorpus:
             raise ConfigError(str(e).replace("--data DIR", label, 1)) from None
         except OSError as e:
             raise ConfigError(f"{label}: cannot read '{path}' ({e.strerror or e}); {PREPARE_HINT}") from None
+        if corpus.kind != "chars":
+            return corpus  # a token corpus's ids were checked once, at import: gigabytes, not re-read
         for name, split in (("train.bin", corpus.train), ("val.bin", corpus.val)):
             top = int(split.max()) if len(split) else 0  # one pass over the file: a char corpus is small
             if top >= corpus.vocab_size:
@@ -138,27 +156,43 @@ def _check_val_fraction(val_fraction: float) -> float:
 
 
 def prepare_corpus(text: str | Path, out_dir: str | Path, val_fraction: float = 0.1,
-                   source: str | None = None) -> CharCorpus:
+                   source: str | None = None, normalize: str = "none") -> CharCorpus:
     """Make a corpus in ``out_dir`` from the utf-8 text file at path ``text``.
 
-    The sha256 recorded is that of the file's bytes; ``source`` defaults to the file name.
-    Raises FileNotFoundError ("--text FILE: no such file ...") for a missing file, ValueError naming
-    ``--text FILE`` for an empty or non-utf-8 file or one too short to give one validation token,
-    ValueError naming ``--val-fraction`` outside (0, 0.5], ValueError naming ``--out DIR`` when
+    ``normalize``: "none" keeps the text as it is; "text8" applies text8's rules first
+    (:func:`workloads.corpora.text8_normalize`: lowercase a-z words, digits spelled out, single
+    spaces), any bytes accepted. The sha256 recorded is that of the file's bytes, or with "text8"
+    that of the normalised text (vocab.json then also has ``normalize`` and ``source_sha256``, the
+    file's); ``source`` defaults to the file name. Raises FileNotFoundError ("--text FILE: no such
+    file ...") for a missing file, ValueError naming ``--text FILE`` for an empty or non-utf-8 file
+    (with "none") or one too short to give one validation token, ValueError naming
+    ``--val-fraction`` outside (0, 0.5], ``--normalize`` for an unknown rule, ``--out DIR`` when
     ``out_dir`` is an existing file.
     """
     path = Path(text)
     val_fraction = _check_val_fraction(val_fraction)
+    if normalize not in ("none", "text8"):
+        raise ValueError(f"--normalize must be one of none, text8, got {normalize!r}")
     if not path.is_file():
         what = ("is a directory, not a file" if path.is_dir() else
                 "is not a regular file" if path.exists() else "no such file")
         raise FileNotFoundError(f"--text FILE: {what} '{path}'")
     raw = path.read_bytes()
+    sha = hashlib.sha256(raw).hexdigest()
+    if normalize == "text8":
+        from workloads.corpora import text8_normalize
+        decoded = text8_normalize(raw)
+        del raw
+        return _write_corpus(decoded, hashlib.sha256(decoded.encode("ascii")).hexdigest(), out_dir,
+                             val_fraction, source or f"text file {path.name}, text8-normalised",
+                             label=f"--text FILE: '{path}' after --normalize text8",
+                             extra={"normalize": "text8", "source_sha256": sha})
     try:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"--text FILE: '{path}' is not utf-8 text ({e})") from e
-    return _write_corpus(decoded, hashlib.sha256(raw).hexdigest(), out_dir, val_fraction,
+    del raw
+    return _write_corpus(decoded, sha, out_dir, val_fraction,
                          source or f"text file {path.name}", label=f"--text FILE: '{path}'")
 
 
@@ -174,7 +208,7 @@ def prepare_corpus_from_text(text: str, out_dir: str | Path, val_fraction: float
 
 
 def _write_corpus(text: str, sha256: str, out_dir: str | Path, val_fraction: float, source: str,
-                  label: str) -> CharCorpus:
+                  label: str, extra: dict | None = None) -> CharCorpus:
     if not text:
         raise ValueError(f"{label} is empty")
     n = len(text)
@@ -193,12 +227,13 @@ def _write_corpus(text: str, sha256: str, out_dir: str | Path, val_fraction: flo
     out.mkdir(parents=True, exist_ok=True)
     (out / "vocab.json").unlink(missing_ok=True)  # written last: its presence marks a whole corpus
     codes = np.array([ord(c) for c in chars], dtype=np.uint32)
-    ids = np.searchsorted(codes, np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32))
-    ids = ids.astype(dtype)
-    ids[: n - n_val].tofile(out / "train.bin")
-    ids[n - n_val:].tofile(out / "val.bin")
+    for name, lo, hi in (("train.bin", 0, n - n_val), ("val.bin", n - n_val, n)):
+        with open(out / name, "wb") as f:  # in chunks: ids are int64 before the cast
+            for i in range(lo, hi, ENCODE_CHUNK):
+                part = np.frombuffer(text[i:min(i + ENCODE_CHUNK, hi)].encode("utf-32-le"), np.uint32)
+                np.searchsorted(codes, part).astype(dtype).tofile(f)
     meta = {"chars": chars, "dtype": dtype.name, "n_train": n - n_val, "n_val": n_val,
-            "sha256": sha256, "source": source, "val_fraction": val_fraction}
+            "sha256": sha256, "source": source, "val_fraction": val_fraction, **(extra or {})}
     (out / "vocab.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
     return CharCorpus.load(out)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from routers import ROUTERS, router_class, router_options
-from workloads.config import PRESETS
+from workloads.config import PRESETS, TRAINING_PRESETS
 
 from ..backends import BACKENDS
 from ..modes import MODES
@@ -30,6 +30,9 @@ def list_cmd() -> None:
     for name, cfg in PRESETS.items():
         click.echo(f"  {name:12s} d={cfg.d_model} L={cfg.n_layers} heads={cfg.n_heads} "
                    f"T={cfg.seq_len} B={cfg.batch_size} {cfg.dtype}")
+    click.echo("training settings of the presets (each value from the paper or ours):")
+    for tp in TRAINING_PRESETS.values():
+        click.echo("  " + tp.describe())
 
 
 COMMANDS = (list_cmd,)

@@ -12,10 +12,11 @@ from routers.errors import ConfigError
 from ..records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
                        completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl, units)
 from ..spec import ProfileSpec, RunSpec, TrainSpec, load
+from ..spec.study import StudySpec
 from ..spec.base import tomllib
 from .common import resume_command
 
-SPECS = {"run": RunSpec, "train": TrainSpec, "profile": ProfileSpec}
+SPECS = {"run": RunSpec, "train": TrainSpec, "profile": ProfileSpec, "study depth": StudySpec}
 
 
 def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]:
@@ -32,6 +33,8 @@ def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]
     if command == "train":
         pilot = 1 if spec.training.target_from_pilot else 0
         return [], len(spec.routers.routers) * spec.training.seeds + pilot
+    if command == "study depth":
+        return [], len(spec.routers.routers) * len(spec.study.depths) * spec.study.seeds
     return [spec.case().key], 0
 
 
@@ -57,7 +60,7 @@ def status_cmd(run_dir) -> None:
     statuses = Counter(done.values())
     if keys is not None:
         cost_done = sum(1 for k in keys if k in done)
-        train_done = sum(1 for k in done if k.startswith(("train|", "pilot|")))
+        train_done = sum(1 for k in done if k.startswith(("train|", "pilot|", "study|")))
         total, n_done = len(keys) + n_train, cost_done + min(train_done, n_train)
         click.echo(f"cases:     {n_done} of {total} done, {total - n_done} left"
                    + (f" ({len(keys)} cost cases, {n_train} training runs)" if n_train else ""))

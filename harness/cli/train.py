@@ -1,9 +1,16 @@
 """``routerbench train``: time to a target validation loss, per router and seed; also the runner of
-``routerbench run``'s one-seed smoke race."""
+``routerbench run``'s one-seed smoke race.
+
+Under ``torchrun --nproc_per_node=N $(which routerbench) train …`` the command trains every run with
+DistributedDataParallel over N processes (:mod:`harness.distributed`): the options are checked
+against ``WORLD_SIZE`` before any model is built, rank 0 alone writes and prints, and every rank
+follows rank 0's decisions.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import click
@@ -52,14 +59,23 @@ def pilot_target(trainer, pilot, run: Run) -> float:
         click.ClickException: the pilot failed or diverged (exit 1; give --target-loss instead).
     """
     from harness.records import load_rows
-    if pilot.key not in run.writer.completed:
+
+    from .. import distributed
+    if not trainer.done(pilot):
         trainer.run_group([pilot])
-    rows = [r for r in load_rows([run.dir]) if r["case_key"] == pilot.key]
-    target = [r["value"] for r in rows if r["metric"] == "target_loss" and r["status"] == "ok"]
-    if not target or target[-1] is None:
-        why = next((r["error"] for r in rows if r.get("error")), "no target row")
-        raise click.ClickException(f"the {pilot.router} pilot set no target ({why}); give --target-loss")
-    return float(target[-1])
+    answer = None
+    if distributed.is_main():  # read from rank 0's records, sent to every rank
+        rows = [r for r in load_rows([run.dir]) if r["case_key"] == pilot.key]
+        target = [r["value"] for r in rows if r["metric"] == "target_loss" and r["status"] == "ok"]
+        if not target or target[-1] is None:
+            why = next((r["error"] for r in rows if r.get("error")), "no target row")
+            answer = f"the {pilot.router} pilot set no target ({why}); give --target-loss"
+        else:
+            answer = float(target[-1])
+    answer = distributed.broadcast_object(answer)
+    if isinstance(answer, str):
+        raise click.ClickException(answer)
+    return answer
 
 
 @click.command("train")
@@ -68,19 +84,37 @@ def train_cmd(config, **cli) -> None:
     """Time to a target validation loss: routers x seeds, paired by seed.
 
     Defaults: --preset cpu-train, --routers prenorm,block_attnres,haares, 3 seeds, a target set by a prenorm
-    pilot at half the step budget, the embedded corpus."""
+    pilot at half the step budget, the embedded corpus.
+
+    Under torchrun (torchrun --nproc_per_node=N $(which routerbench) train ...): DistributedDataParallel
+    over N processes, --batch-size the global batch."""
+    from .. import distributed
+
+    try:
+        _train(config, cli)
+    except (ConfigError, click.ClickException):
+        distributed.shutdown()  # every rank raised it (the checks see the same values everywhere)
+        if distributed.env_rank() == 0:
+            raise
+        sys.exit(2)  # rank 0 alone says so (one line); every rank exits 2
+    distributed.shutdown()
+
+
+def _train(config, cli) -> None:
     from dataclasses import replace
 
     import torch
 
-    from ..backends import unavailable_reason
+    from .. import distributed
     from ..schedule import Trainer, choose_schedule
-    from ..train import BASELINE, PILOT_SEED, TIME_TO_TARGET_METHOD, TrainRun
+    from ..train import BASELINE, PILOT_SEED, TIME_TO_TARGET_METHOD, TrainRun, train_unavailable_reason
 
-    spec, labels = load_spec(TrainSpec, cli, config)
+    spec, labels = load_spec(TrainSpec, cli, config)  # checks the batch against torchrun's WORLD_SIZE
     tr = spec.training
     tc = spec.train_config()
-    device = torch.device(spec.output.device)
+    device = distributed.init(torch.device(spec.output.device))  # cuda:LOCAL_RANK under torchrun
+    main = distributed.is_main()
+    echo = click.echo if main else (lambda *a, **k: None)
     corpus = load_corpus(tr.data, labels("training.data"))
     uniform = math.log(corpus.vocab_size)
     if tr.target_loss is not None and tr.target_loss >= uniform:
@@ -96,14 +130,18 @@ def train_cmd(config, **cli) -> None:
         pilot = TrainRun(tr.target_from_pilot, popts, corpus, tc, PILOT_SEED, device, mode="pilot",
                          stop_step=tc.pilot_stop(tr.pilot_fraction))
     sched = choose_schedule(tr.schedule, [TrainRun(r, o, corpus, tc, seeds[0], device) for r, o in opts.items()],
-                            device)
+                            device)  # rank 0's decision under torchrun
+    ddp = distributed.describe(device)
+    ddp_info = {"world_size": ddp["world_size"], "ddp_backend": ddp["backend"]}
+    ddp_note = (f", DDP over {ddp['world_size']} processes ({ddp['backend']}), global batch "
+                f"{tc.cfg.batch_size}" if ddp["world_size"] > 1 else "")
     one = max(sched["estimate_bytes"].values())
     if device.type == "cpu" and one > sched["available_bytes"]:
         raise ConfigError(f"one training run needs an estimated {one / 2**30:.1f} GiB, more than the "
                           f"{sched['available_bytes'] / 2**30:.1f} GiB free here; lower "
                           f"{labels('shape.batch_size')} or raise {labels('training.grad_accum')}, or pick a "
                           f"smaller {labels('shape.preset')}")
-    run = Run("train", spec)
+    run = _open_run(spec)
     target = ({"source": "given", "value": tr.target_loss} if pilot is None else
               {"source": "pilot", "router": pilot.router, "seed": PILOT_SEED, "fraction": tr.pilot_fraction,
                "step": pilot.stop_step})
@@ -111,19 +149,21 @@ def train_cmd(config, **cli) -> None:
     run.manifest({"corpus": corpus_info(corpus), "runs": n_runs, "seeds": seeds, "target": target,
                   "schedule": sched, "chunk": tr.chunk, "backend": tc.backend, "precision": tc.precision,
                   "grad_accum": tc.grad_accum, "eval_every": tc.eval_every,
-                  "time_to_target": TIME_TO_TARGET_METHOD})
-    run.announce(f"  ({len(runs)} run{'s' * (len(runs) != 1)}{' and a pilot' if pilot else ''}, "
-                 f"{len(seeds)} seed{'s' * (len(seeds) != 1)}, schedule {sched['schedule']})")
-    click.echo(f"schedule: {sched['schedule']} ({sched['reason']})")
+                  "time_to_target": TIME_TO_TARGET_METHOD, **ddp_info})
+    if main:
+        run.announce(f"  ({len(runs)} run{'s' * (len(runs) != 1)}{' and a pilot' if pilot else ''}, "
+                     f"{len(seeds)} seed{'s' * (len(seeds) != 1)}, schedule {sched['schedule']}"
+                     f"{ddp_note})")
+    echo(f"schedule: {sched['schedule']} ({sched['reason']})")
     if BASELINE not in opts:
-        click.echo(f"note: {BASELINE} is not among the routers, so the report will compare no router "
-                   "with a baseline", err=True)
+        echo(f"note: {BASELINE} is not among the routers, so the report will compare no router "
+             "with a baseline", err=True)
     keys = [k for *_, k in runs] + ([pilot.key] if pilot else [])
-    trainer = Trainer(run.writer, run.dir, run.device, spec.output.quiet)
+    trainer = Trainer(run.writer, run.dir, device, spec.output.quiet)
     with run.guarded(lambda: keys):
-        why = unavailable_reason(tc.backend, None, run.device)
+        why = train_unavailable_reason(tc.backend, device)
         if why:  # every run a skipped row, and a report that says so
-            for r in ([pilot] if pilot else []) + [TrainRun(r, o, corpus, tc, s, run.device)
+            for r in ([pilot] if pilot else []) + [TrainRun(r, o, corpus, tc, s, device)
                                                    for s in seeds for r, o in opts.items()]:
                 if not trainer.done(r):
                     trainer.fail(r, status="skipped", message=why)
@@ -132,13 +172,46 @@ def train_cmd(config, **cli) -> None:
                 trainer.label = "pilot"
                 tc = replace(tc, target_loss=pilot_target(trainer, pilot, run))
                 trainer.label = "train"
-                click.echo(f"target: {tc.target_loss:.4f} nats (the {pilot.router} pilot's val loss at step "
-                           f"{pilot.stop_step} of {tc.max_steps})")
+                echo(f"target: {tc.target_loss:.4f} nats (the {pilot.router} pilot's val loss at step "
+                     f"{pilot.stop_step} of {tc.max_steps})")
             for seed in seeds:
-                group = [TrainRun(r, o, corpus, tc, seed, run.device) for r, o in opts.items()]
+                group = [TrainRun(r, o, corpus, tc, seed, device) for r, o in opts.items()]
                 trainer.run_group(group, sched["schedule"], tr.chunk)
-        if spec.output.report:
+        distributed.barrier(device)  # rank 0's last commit is on disk before the report
+        if spec.output.report and main:
             write_report([run.dir])
+            diagnose(run.dir, device)
+
+
+def diagnose(run_dir, device) -> None:
+    """Write what each finished router learned (``routerbench diagnose``) beside the report; a
+    run dir with nothing to diagnose (every run skipped or diverged) says so and goes on."""
+    from reports.diagnose import write_diagnostics
+    try:
+        paths = write_diagnostics(run_dir, device=str(device), note=lambda m: click.echo(f"diagnose: {m}", err=True))
+    except ConfigError as exc:
+        click.echo(f"diagnose: nothing written ({exc})", err=True)
+        return
+    click.echo(f"diagnose: {len(paths)} files in {Path(run_dir) / 'diagnose'}")
+
+
+def _open_run(spec) -> Run:
+    """The run directory, opened by every rank (rank 0 locks and writes; the others hold a null
+    writer); an error opening it on rank 0 (a locked directory, a resumed run with other options)
+    reaches every rank, so all of them exit 2 and none waits alone."""
+    from .. import distributed
+    err, run = None, None
+    try:
+        run = Run("train", spec)
+    except ConfigError as exc:
+        err = str(exc)
+    if distributed.world_size() > 1:
+        err = distributed.broadcast_object(err)
+    if err is not None:
+        if run is not None:
+            run.writer.close()
+        raise ConfigError(err)
+    return run
 
 
 COMMANDS = (train_cmd,)

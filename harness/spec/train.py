@@ -10,7 +10,7 @@ from routers.errors import ConfigError
 from routers import ROUTERS, check_router_options
 
 from ..schedule import SCHEDULES
-from ..train import PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, default_eval_every
+from ..train import PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, check_world_size, default_eval_every
 from .base import Labels, option
 from .parts import (NOT_IN_FILE, absolute, Output, RouterSet, Single, base_shape, preset_base, check_heads, check_router_set,
                     check_output, resolve_device, resolved_shape)
@@ -55,7 +55,7 @@ class Training:
     precision: str | None = option("str", "fp32 (default), or bf16-mixed: float32 weights and "
                                    "optimizer, bf16 autocast.", choices=PRECISIONS)
     grad_accum: int | None = option("int", "Micro-batches per step; --batch-size is split into them "
-                                    "(default: 1).", min=1)
+                                    "(under torchrun each process's rows of it; default: 1).", min=1)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ class TrainSpec:
         Raises:
             ConfigError: a target given together with a pilot (or a pilot fraction), a dtype other
                 than float32 (training uses ``--precision``), the ``router_only`` workload, a bad
-                shape, router option or pilot router, ``--grad-accum`` not dividing the batch, a
+                shape, router option or pilot router, ``--grad-accum`` not dividing the batch (or
+                under torchrun the batch not splitting over ``WORLD_SIZE`` processes), a
                 corpus that cannot be read or whose validation split is shorter than a sequence.
         """
         s, tr, out = self.shape, self.training, self.output
@@ -103,6 +104,12 @@ class TrainSpec:
         if tr.grad_accum is not None and base.batch_size % tr.grad_accum:
             raise ConfigError(f"{L('training.grad_accum')} {tr.grad_accum} does not divide "
                               f"{L('shape.batch_size')} {base.batch_size}; change one of them")
+        from ..distributed import env_world_size
+        world = env_world_size()  # torchrun's WORLD_SIZE: checked before any model is built
+        if world > 1:
+            origin = "" if s.batch_size is not None else f" of {L('shape.preset')} {s.preset or DEFAULT_PRESET}"
+            check_world_size(base.batch_size, tr.grad_accum or 1, world, L("shape.batch_size"),
+                             L("training.grad_accum"), origin)
         routers = self.routers.routers or DEFAULT_ROUTERS
         pilot = None if tr.target_loss is not None else (tr.target_from_pilot or DEFAULT_PILOT)
         check_router_set(self.routers, tuple(dict.fromkeys((*routers, *([pilot] if pilot else [])))),

@@ -1,0 +1,210 @@
+"""The spec of ``routerbench study depth``: the papers' depth study, routers × depths × seeds.
+
+Depth must not be confounded with the block layout of the block routers (``block_attnres``,
+``haares``, ``wav_v1``): either the block **count** is held fixed across depths (``--blocks N``,
+default 4, which divides 12, 24 and 48) or the block **length** (``--block-length L``: L whole
+layers, i.e. 2L sublayers, per block; ``n_blocks`` = depth / L). The blocks are runs of whole
+layers (``block_unit="layer"``, the AttnRes paper's rule), so the setting must divide every depth:
+a remainder would give the last block another length at one depth than at the others.
+
+Two scales: ``char`` (default) takes the shape and training settings of the ``char-*`` presets
+(``workloads.config.TRAINING_PRESETS``: d=512, T=256, B=32, 5,000 steps, 3 seeds; the same at
+every depth); ``tiny`` takes ``cpu-quick``'s (d=64, T=64, B=8, 200 steps, one seed, depths 4, 8,
+16), a plumbing smoke test that is labelled so in every output, never evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from routers import check_router_options
+from routers import router_options as _router_options
+from routers.errors import ConfigError
+from workloads.config import PRESETS, TRAINING_PRESETS, DecoderConfig
+
+from ..schedule import SCHEDULES
+from ..train import PRECISIONS, default_eval_every
+from .base import Labels, option
+from .parts import (NOT_IN_FILE, MAX_DEPTH, Output, RouterSet, absolute, check_output, check_router_set,
+                    resolve_device)
+
+DEFAULT_ROUTERS = ("prenorm", "rezero", "layerscale", "block_attnres", "haares", "wav_v1")
+DEFAULT_BLOCKS = 4
+SCALES = ("char", "tiny")
+#: Said wherever a tiny study's numbers appear (terminal, table caption, report).
+TINY_LABEL = "plumbing smoke test, not evidence"
+#: Per scale: default depths, the training preset of each depth (else ``base``), eval cadence.
+SCALE_DEFAULTS = {
+    "char": {"depths": (12, 24, 48), "base": "char-12L"},
+    "tiny": {"depths": (4, 8, 16), "base": "cpu-quick"},
+}
+#: Router options the study sets itself (the layout held fixed across depths).
+LAYOUT_OPTIONS = ("n_blocks", "block_unit")
+
+
+def takes_blocks(router: str) -> bool:
+    """Whether ``router`` has a block layout (an ``n_blocks`` option)."""
+    return "n_blocks" in _router_options(router)
+
+
+@dataclass(frozen=True)
+class Study:
+    """The depth study (``[study]``)."""
+
+    data: str | None = option("str", "Corpus dir (`routerbench data prepare`); default: the embedded "
+                              "stdlib corpus.", metavar="DIR", path=True)
+    scale: str | None = option("str", "char (default): the char-* presets' shape and training settings; "
+                               f"tiny: d=64, T=64, B=8, 200 steps, one seed, depths 4,8,16 ({TINY_LABEL}).",
+                               choices=SCALES)
+    depths: tuple[int, ...] | None = option("ints", "Comma-separated depths in layers (default: 12,24,48; "
+                                            "tiny: 4,8,16).", min=1, max=MAX_DEPTH)
+    seeds: int | None = option("int", "Seeds 0..N-1; every router trains once per seed and depth, paired "
+                               "by seed (default: 3; tiny: 1).", min=1)
+    blocks: int | None = option("int", "Block count of the block routers, held fixed across depths; must "
+                                f"divide every depth (default: {DEFAULT_BLOCKS}).", min=1)
+    block_length: int | None = option("int", "Instead of --blocks: layers per block (2L sublayers), held "
+                                      "fixed across depths; n_blocks = depth / L.", min=1, metavar="L")
+    max_steps: int | None = option("int", "Step budget of every run (default: the scale's preset: 5000; "
+                                   "tiny: 200).", min=1)
+    eval_every: int | None = option("int", "Evaluation cadence in steps, also the resume granularity "
+                                    "(default: 2.5 % of the budget; tiny: a quarter of it).", min=1)
+    lr: float | None = option("float", "Peak learning rate (default: the scale's preset).", min=0, min_open=True)
+    warmup_steps: int | None = option("int", "Linear LR warm-up steps (default: the scale's preset).", min=0)
+    precision: str | None = option("str", "fp32 (default) or bf16-mixed.", choices=PRECISIONS)
+    schedule: str | None = option("str", "How the routers of one depth and seed advance: interleaved, "
+                                  "sequential or auto (default).", choices=SCHEDULES)
+    estimate_steps: int | None = option("int", "Steps timed per router and depth for the cost estimate "
+                                        "printed before training (default: 3, after 3 untimed).", min=1)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """Everything ``routerbench study depth`` needs; :meth:`resolve` checks it and fills in defaults."""
+
+    COMMAND: ClassVar[str] = "study depth"
+    #: ``--estimate-steps`` changes no result, so a study resumes whatever it is.
+    NOT_IN_FILE: ClassVar[tuple[str, ...]] = NOT_IN_FILE + ("study.estimate_steps",)
+
+    routers: RouterSet = RouterSet()
+    study: Study = Study()
+    output: Output = Output()
+
+    def resolve(self, L: Labels) -> "StudySpec":
+        """Check every option and fill in defaults; nothing heavier than a router is built.
+
+        Raises:
+            ConfigError: ``--blocks`` with ``--block-length``; a block count or length that does not
+                divide a depth (naming the option and the depth); ``n_blocks``/``block_unit`` in
+                ``--router-options``; a bad router option at some depth; ``--eval-every`` above the
+                budget; an unreadable corpus or one whose validation split is shorter than a sequence.
+        """
+        st, out = self.study, self.output
+        check_output(out, L)
+        dev = resolve_device(out.device, L("output.device"))
+        scale = st.scale or "char"
+        defaults = SCALE_DEFAULTS[scale]
+        depths = tuple(st.depths or defaults["depths"])
+        if st.blocks is not None and st.block_length is not None:
+            raise ConfigError(f"{L('study.blocks')} and {L('study.block_length')} exclude each other: hold "
+                              "either the block count or the block length fixed across depths")
+        routers = self.routers.routers or DEFAULT_ROUTERS
+        for name, opts in (self.routers.router_options or {}).items():
+            clash = sorted(set(opts) & set(LAYOUT_OPTIONS)) if isinstance(opts, dict) else []
+            if clash:
+                raise ConfigError(f"{L('routers.router_options')}: {name}.{clash[0]} is set by the study "
+                                  f"({L('study.blocks')} or {L('study.block_length')}, held fixed across "
+                                  "depths); drop it")
+        blocks = None if st.block_length is not None else (st.blocks or DEFAULT_BLOCKS)
+        if any(takes_blocks(r) for r in routers):
+            for d in depths:
+                if blocks is not None and d % blocks:
+                    raise ConfigError(f"{L('study.blocks')} {blocks} does not divide depth {d} "
+                                      f"({L('study.depths')}): the block layout would change with depth; "
+                                      "choose a block count that divides every depth, or --block-length")
+                if st.block_length is not None and d % st.block_length:
+                    raise ConfigError(f"{L('study.block_length')} {st.block_length} does not divide depth "
+                                      f"{d} ({L('study.depths')}): the blocks would differ in length; choose "
+                                      "a length that divides every depth, or --blocks")
+        tp = TRAINING_PRESETS[defaults["base"]]
+        max_steps = st.max_steps or tp.max_steps.value
+        eval_every = st.eval_every or (max(1, max_steps // 4) if scale == "tiny"
+                                       else default_eval_every(max_steps))
+        if eval_every > max_steps:
+            raise ConfigError(f"{L('study.eval_every')} {eval_every} is more than {L('study.max_steps')} "
+                              f"{max_steps}; lower it")
+        resolved = replace(
+            self, routers=replace(self.routers, routers=routers,
+                                  router_options=self.routers.router_options or None),
+            study=replace(st, data=absolute(st.data), scale=scale, depths=depths,
+                          seeds=st.seeds or tp.seeds.value, blocks=blocks, max_steps=max_steps,
+                          eval_every=eval_every, lr=st.lr or tp.lr.value,
+                          warmup_steps=tp.warmup_steps.value if st.warmup_steps is None else st.warmup_steps,
+                          precision=st.precision or "fp32", schedule=st.schedule or "auto",
+                          estimate_steps=st.estimate_steps or 3),
+            output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)))
+        cfg0 = resolved.decoder_config(depths[0])
+        check_router_set(self.routers, routers, [], cfg0.d_model, L)
+        for d in depths:  # the options each router is built with, at every depth
+            for r, opts in resolved.options_at(d).items():
+                check_router_options(r, opts, cfg0.d_model, d, L("routers.router_options"))
+        if st.data is not None:
+            from workloads.data import CharCorpus
+            corpus = CharCorpus.open(st.data, L("study.data"))
+            if len(corpus.val) < cfg0.seq_len + 1:
+                raise ConfigError(f"{L('study.data')} {st.data}: its validation split has only "
+                                  f"{len(corpus.val)} tokens, fewer than a sequence of {cfg0.seq_len} + 1")
+        return resolved
+
+    # --- what a resolved spec builds ------------------------------------------------------------
+    def decoder_config(self, depth: int) -> DecoderConfig:
+        """The shape at ``depth``: the scale's preset of that depth (``char-{depth}L``) if there is
+        one, else the scale's base preset with ``n_layers = depth`` (same width)."""
+        scale = SCALE_DEFAULTS[self.study.scale]
+        name = f"char-{depth}L" if self.study.scale == "char" and f"char-{depth}L" in PRESETS else scale["base"]
+        return PRESETS[name].replace(n_layers=depth, dtype="float32")
+
+    def train_config(self, depth: int):
+        """The :class:`harness.train.TrainConfig` of every run at ``depth`` (no target: the study's
+        result is the loss at the token budget)."""
+        from ..train import TrainConfig
+        st = self.study
+        return TrainConfig(self.decoder_config(depth), target_loss=None, max_steps=st.max_steps,
+                           eval_every=st.eval_every, lr=st.lr, warmup_steps=st.warmup_steps,
+                           precision=st.precision)
+
+    def n_blocks_at(self, depth: int) -> int:
+        """The block count at ``depth``: ``--blocks``, or depth / ``--block-length``."""
+        st = self.study
+        return st.blocks if st.blocks is not None else depth // st.block_length
+
+    def options_at(self, depth: int) -> dict[str, dict]:
+        """Router -> the options it is built with at ``depth`` (the layout added to block routers)."""
+        given = self.routers.router_options or {}
+        out = {}
+        for r in self.routers.routers:
+            opts = dict(given.get(r, {}))
+            if takes_blocks(r):
+                opts.update(n_blocks=self.n_blocks_at(depth), block_unit="layer")
+            out[r] = opts
+        return out
+
+    def layout(self) -> dict:
+        """What the study holds fixed across depths, for the manifest and the report: ``held``
+        (``"block count"`` or ``"block length"``), ``value``, and per depth ``n_blocks`` and
+        ``layers_per_block``; ``routers``: the routers it applies to."""
+        st = self.study
+        held = ("block count", st.blocks) if st.blocks is not None else ("block length", st.block_length)
+        return {"held": held[0], "value": held[1], "block_unit": "layer",
+                "routers": [r for r in self.routers.routers if takes_blocks(r)],
+                "per_depth": {str(d): {"n_blocks": self.n_blocks_at(d),
+                                       "layers_per_block": d // self.n_blocks_at(d)}
+                              for d in st.depths}}
+
+    def scale_label(self) -> str:
+        """How the scale is named in every output; the tiny one says it is no evidence."""
+        st = self.study
+        cfg = self.decoder_config(st.depths[0])
+        what = (f"d={cfg.d_model}, T={cfg.seq_len}, B={cfg.batch_size}, {st.max_steps} steps, "
+                f"{st.seeds} seed{'s' * (st.seeds != 1)}, depths {','.join(map(str, st.depths))}")
+        return f"scale tiny: {TINY_LABEL} ({what})" if st.scale == "tiny" else f"scale {st.scale} ({what})"

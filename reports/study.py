@@ -1,0 +1,305 @@
+"""The depth study's report (``routerbench study depth``): the papers' table and two figures.
+
+From the rows of a study run directory (mode ``study``, :mod:`harness.study`):
+
+- :func:`study_runs`: one row per run (router, depth, seed, status, loss at the token budget);
+- :func:`depth_table`: per router and depth, the validation loss at the token budget (mean over
+  seeds and per-seed values), and against ``block_attnres`` at the same depth, paired by seed: the
+  mean difference Δ, the perplexity change 100·(exp(Δ) − 1) and a paired t-test over seeds
+  (:func:`harness.stats.paired_t`; one seed gives "one seed: no test");
+- figures ``loss_vs_depth`` and ``gain_vs_depth``, each with the CSV of what it draws beside it;
+- :func:`write_study`: ``study.md``, ``study.html``, ``study_table.csv``, ``study_runs.csv`` in
+  the run directory, and the text the command prints.
+
+A tiny-scale study says "plumbing smoke test, not evidence" in the caption, the figures and the
+report. A diverged or failed run has no loss: it is left out of every mean and every pair, and
+the table says which seeds were left out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness import stats
+from harness.records import MANIFEST_FILE, load_rows
+
+from . import sentences as say
+
+STUDY_MODE = "study"
+BASELINE = "block_attnres"
+RUN_COLUMNS = ["router", "depth", "seed", "status", "loss", "train_time", "note", "case_key"]
+TABLE_COLUMNS = ["router", "depth", "n_seeds", "loss_mean", "loss_per_seed", "left_out", "n_pairs",
+                 "delta", "delta_lo", "delta_hi", "ppl_change_pct", "t", "p", "test"]
+NO_TEST_ONE = "one seed: no test"
+
+
+def study_runs(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """One row per study run: :data:`RUN_COLUMNS`; ``status`` ``ok`` (a loss at the token
+    budget), ``diverged``, ``error``/``oom``/``skipped`` (the run's failure row), or ``incomplete``
+    (evaluations committed, no final rows yet); ``loss`` only for ``ok`` runs."""
+    df = pd.DataFrame(rows)
+    if df.empty or "mode" not in df:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    df = df[df["mode"] == STUDY_MODE]
+    out = []
+    for key, g in df.groupby("case_key", sort=False):
+        first = g.iloc[0]
+        level = g[g["repeat"].isna()] if "repeat" in g else g
+        loss = level[(level["metric"] == "loss_at_token_budget") & (level["status"] == "ok")]
+        bad = level[level["status"].isin(["diverged", "error", "oom", "skipped"])]
+        clock = level.loc[level["metric"] == "train_time", "value"]
+        if len(bad):
+            status, note = bad["status"].iloc[0], str(bad["error"].iloc[0] or "")
+        elif len(loss) and loss["value"].notna().all():
+            status, note = "ok", ""
+        else:
+            status, note = "incomplete", "evaluations committed, no result yet"
+        out.append({"router": first["router"], "depth": int(first["n_layers"]), "seed": int(first["seed"]),
+                    "status": status, "loss": float(loss["value"].iloc[-1]) if status == "ok" else math.nan,
+                    "train_time": float(clock.iloc[-1]) if len(clock) else math.nan, "note": note,
+                    "case_key": key})
+    return pd.DataFrame(out, columns=RUN_COLUMNS)
+
+
+def _per_seed(losses: dict[int, float]) -> str:
+    return "; ".join(f"{s}: {say.fmt_num(v, 4)}" for s, v in sorted(losses.items()))
+
+
+def depth_table(runs: pd.DataFrame, order: list[str] | None = None, baseline: str = BASELINE,
+                conf: float = stats.CONF) -> pd.DataFrame:
+    """The papers' table: per router and depth, :data:`TABLE_COLUMNS`.
+
+    ``loss_mean``: mean over the ``n_seeds`` seeds with a loss; ``loss_per_seed``: ``"0: 1.2345;
+    1: …"``; ``left_out``: seeds whose run has no loss and why. Against ``baseline`` at the same
+    depth, over the ``n_pairs`` seeds with a loss on both sides: ``delta`` = mean of router −
+    baseline (nats), ``delta_lo``/``delta_hi`` its ``conf`` t-interval, ``ppl_change_pct`` =
+    100·(exp(mean router − mean baseline) − 1), ``t``/``p`` of the paired t-test, ``test`` in
+    words (``"one seed: no test"`` when n = 1). All NaN on the baseline's own rows and where the
+    baseline was not trained.
+    """
+    if runs.empty:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    order = order or list(dict.fromkeys(runs["router"]))
+    ok = runs[runs["status"] == "ok"]
+    rows = []
+    for router in [r for r in order if r in set(runs["router"])]:
+        for depth in sorted(runs.loc[runs["router"] == router, "depth"].unique()):
+            mine = runs[(runs["router"] == router) & (runs["depth"] == depth)]
+            losses = {int(r.seed): float(r.loss) for r in ok[(ok["router"] == router)
+                                                            & (ok["depth"] == depth)].itertuples()}
+            base = {int(r.seed): float(r.loss) for r in ok[(ok["router"] == baseline)
+                                                          & (ok["depth"] == depth)].itertuples()}
+            gone = mine[mine["status"] != "ok"]
+            row = {"router": router, "depth": int(depth), "n_seeds": len(losses),
+                   "loss_mean": float(np.mean(list(losses.values()))) if losses else math.nan,
+                   "loss_per_seed": _per_seed(losses),
+                   "left_out": "; ".join(f"seed {r.seed}: {r.status}" for r in gone.itertuples()),
+                   "n_pairs": 0, "delta": math.nan, "delta_lo": math.nan, "delta_hi": math.nan,
+                   "ppl_change_pct": math.nan, "t": math.nan, "p": math.nan, "test": ""}
+            if router != baseline and base:
+                t = stats.paired_t(losses, base, conf)
+                row.update(n_pairs=t.n, delta=t.mean_diff, delta_lo=t.lo, delta_hi=t.hi, t=t.t, p=t.p,
+                           ppl_change_pct=stats.perplexity_change(t.mean_treat, t.mean_base) if t.n else math.nan,
+                           test=_test_words(t))
+            elif router != baseline:
+                row["test"] = f"no {baseline} run at this depth"
+            rows.append(row)
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def _test_words(t: stats.PairedTest) -> str:
+    if t.n == 0:
+        return "no seed paired"
+    if t.n == 1:
+        return NO_TEST_ONE
+    return (f"paired t = {say.fmt_num(t.t, 2)}, {say.p_equals(t.p)} ({t.n} seeds); Δ {t.conf:.0%} CI "
+            f"{say.fmt_interval(t.lo, t.hi, 3, signed=True)}")
+
+
+def display_table(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """:func:`depth_table` as report cells (losses 4 decimals, Δ signed 4 decimals, % 2)."""
+    out = []
+    for r in table.to_dict("records"):
+        base = r["router"] == baseline
+        out.append({"router": r["router"], "depth": str(r["depth"]), "seeds": str(r["n_seeds"]),
+                    "val loss at budget (mean)": say.fmt_num(r["loss_mean"], 4),
+                    "per seed": r["loss_per_seed"] or "–",
+                    f"Δ vs {baseline} (nats)": "baseline" if base else say.fmt_signed(r["delta"], 4),
+                    "perplexity": "baseline" if base else say.fmt_pct(r["ppl_change_pct"], 2),
+                    "paired test": "–" if base else (r["test"] or "–"),
+                    **({"left out": r["left_out"]} if table["left_out"].astype(bool).any() else {})})
+    return pd.DataFrame(out)
+
+
+def caption(manifest: dict, runs: pd.DataFrame, baseline: str = BASELINE) -> str:
+    """What the table shows, its budget and its block layout; a tiny study says it is no evidence."""
+    lay = manifest.get("layout") or {}
+    per = lay.get("per_depth") or {}
+    layout = (f"Block layout: {lay.get('held')} held fixed at {lay.get('value')} across depths for "
+              f"{', '.join(lay.get('routers', []))} (blocks × layers per block: "
+              + ", ".join(f"{d} layers {v['n_blocks']} × {v['layers_per_block']}" for d, v in per.items())
+              + "). ") if lay.get("routers") else ""
+    tokens = manifest.get("token_budget")
+    budget = f"{tokens:,} tokens, " if tokens else ""
+    label = manifest.get("scale_label")
+    return (f"{label[0].upper() + label[1:] + '. ' if label else ''}Validation loss (nats) at the token "
+            f"budget ({budget}{manifest.get('max_steps')} steps), per router and depth: mean over seeds and "
+            f"each seed's value. Δ = router − {baseline} at the same depth, paired by seed (same data order "
+            "and shared initial weights), mean over the seeds with both runs; perplexity change = "
+            "100·(exp(Δ) − 1); paired t-test over seeds. " + layout).strip()
+
+
+def sentences(table: pd.DataFrame, baseline: str = BASELINE) -> list[str]:
+    """One sentence per router and depth compared with ``baseline``, quoting only table cells."""
+    out = []
+    for r in table.to_dict("records"):
+        if r["router"] == baseline or not r["n_pairs"]:
+            continue
+        out.append(f"At {r['depth']} layers, {r['router']} vs {baseline}: Δ {say.fmt_signed(r['delta'], 4)} "
+                   f"nats at the token budget ({say.fmt_pct(r['ppl_change_pct'], 2)} perplexity); "
+                   f"{r['test']}.")
+    return out
+
+
+# --- figures --------------------------------------------------------------------------------
+
+
+def _axes_depth(ax, depths) -> None:
+    import matplotlib.ticker
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(depths), [str(d) for d in sorted(depths)])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("depth (transformer layers)")
+
+
+def _palette(order: list[str]) -> dict:
+    import seaborn as sns
+    return dict(zip(order, sns.color_palette("tab10", max(len(order), 1))))
+
+
+def loss_vs_depth(runs: pd.DataFrame, out_dir: Path, title: str, order: list[str]) -> Path | None:
+    """Loss at the token budget against depth: per router the mean over seeds (line) and each
+    seed (dots). Writes ``loss_vs_depth.png`` and ``loss_vs_depth.csv``; None without a loss."""
+    import matplotlib.pyplot as plt
+
+    from .figures import save_png
+    ok = runs[runs["status"] == "ok"]
+    if ok.empty:
+        return None
+    pal = _palette(order)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    data = []
+    for router in [r for r in order if r in set(ok["router"])]:
+        g = ok[ok["router"] == router]
+        mean = g.groupby("depth")["loss"].mean()
+        ax.plot(mean.index, mean.values, marker="o", color=pal[router], label=router)
+        ax.scatter(g["depth"], g["loss"], s=12, color=pal[router], alpha=0.45)
+        data += [{"router": router, "depth": d, "seed": "mean", "loss": v} for d, v in mean.items()]
+        data += [{"router": router, "depth": r.depth, "seed": r.seed, "loss": r.loss} for r in g.itertuples()]
+    _axes_depth(ax, ok["depth"].unique())
+    ax.set_ylabel("validation loss at the token budget (nats)")
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle(f"Validation loss at the token budget: mean over seeds (line), each seed (dots)\n{title}",
+                 fontsize=9)
+    path = save_png(fig, Path(out_dir) / "loss_vs_depth.png")
+    pd.DataFrame(data).to_csv(path.with_suffix(".csv"), index=False)
+    return path
+
+
+def gain_vs_depth(runs: pd.DataFrame, table: pd.DataFrame, out_dir: Path, title: str,
+                  order: list[str], baseline: str = BASELINE) -> Path | None:
+    """Δ loss against ``baseline`` (router − baseline, paired by seed; below 0: better) against
+    depth: per router the mean (line, with its t-interval where n ≥ 2) and each seed's Δ (dots).
+    Writes ``gain_vs_depth.png`` and ``.csv``; None without a pair."""
+    import matplotlib.pyplot as plt
+
+    from .figures import save_png
+    t = table[(table["router"] != baseline) & (table["n_pairs"] > 0)]
+    if t.empty:
+        return None
+    ok = runs[runs["status"] == "ok"]
+    base = ok[ok["router"] == baseline].set_index(["depth", "seed"])["loss"]
+    pal = _palette(order)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
+    data = []
+    for router in [r for r in order if r in set(t["router"])]:
+        g = t[t["router"] == router].sort_values("depth")
+        err = np.array([g["delta"] - g["delta_lo"], g["delta_hi"] - g["delta"]])
+        ax.errorbar(g["depth"], g["delta"], yerr=np.nan_to_num(err), marker="o", capsize=3,
+                    color=pal[router], label=router)
+        data += [{"router": router, "depth": r.depth, "seed": "mean", "delta": r.delta, "lo": r.delta_lo,
+                  "hi": r.delta_hi, "n_pairs": r.n_pairs} for r in g.itertuples()]
+        for r in ok[ok["router"] == router].itertuples():
+            if (r.depth, r.seed) in base.index:
+                d = r.loss - base[(r.depth, r.seed)]
+                ax.scatter([r.depth], [d], s=12, color=pal[router], alpha=0.45)
+                data.append({"router": router, "depth": r.depth, "seed": r.seed, "delta": d})
+    _axes_depth(ax, t["depth"].unique())
+    ax.set_ylabel(f"Δ val loss vs {baseline} (nats; < 0: better)")
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle(f"Δ loss at the token budget vs {baseline}, paired by seed: mean (line; bars: "
+                 f"{stats.CONF:.0%} t-interval where ≥ 2 seeds), each seed (dots)\n{title}", fontsize=9)
+    path = save_png(fig, Path(out_dir) / "gain_vs_depth.png")
+    pd.DataFrame(data).to_csv(path.with_suffix(".csv"), index=False)
+    return path
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def write_study(run_dir: Path | str) -> tuple[dict[str, Path], str]:
+    """Write the study's report into ``run_dir`` and return ``(paths by file name, the text the
+    command prints)``: the scale label, caption, table and sentences."""
+    from .render import Section, render_html, render_markdown
+    d = Path(run_dir)
+    manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
+    runs = study_runs(load_rows([d]))
+    order = manifest.get("routers") or list(dict.fromkeys(runs["router"]))
+    table = depth_table(runs, order)
+    cap, shown, words = caption(manifest, runs), display_table(table), sentences(table)
+    tiny = manifest.get("scale") == "tiny"
+    title = ("Depth study (plumbing smoke test, not evidence)" if tiny else "Depth study") + f" — {d.name}"
+    fig_title = manifest.get("scale_label", "").replace("plumbing smoke test, not evidence",
+                                                        "PLUMBING SMOKE TEST, NOT EVIDENCE")
+    paths: dict[str, Path] = {}
+    for name, frame in (("study_table.csv", table), ("study_runs.csv", runs)):
+        frame.to_csv(d / name, index=False)
+        paths[name] = d / name
+    figs = {"loss_vs_depth": loss_vs_depth(runs, d, fig_title, order),
+            "gain_vs_depth": gain_vs_depth(runs, table, d, fig_title, order)}
+    head = Section("Summary", [("text", cap)] + [("text", s) for s in words])
+    if BASELINE not in order:
+        head.blocks.append(("text", f"{BASELINE} was not trained: no Δ, no test."))
+    est = manifest.get("estimate") or {}
+    clocks = runs["train_time"].sum()
+    if est:
+        head.blocks.append(("text", f"Estimated before training: {est['total_s']:.0f} s for {est['runs_left']} "
+                                    f"runs ({est['method']}). Training clocks of the runs sum to "
+                                    f"{clocks:.0f} s (steps only; evaluation off the clock)."))
+    sections = [head, Section("Loss at the token budget", [("table", shown)])]
+    fig_blocks = []
+    for name, path, what in (("loss_vs_depth", figs["loss_vs_depth"], "Loss at the token budget vs depth"),
+                             ("gain_vs_depth", figs["gain_vs_depth"], f"Δ loss vs {BASELINE} vs depth")):
+        if path is not None:
+            paths[path.name] = path
+            paths[path.with_suffix(".csv").name] = path.with_suffix(".csv")
+            fig_blocks.append(("figure", path, f"{what}{' (plumbing smoke test, not evidence)' if tiny else ''}"))
+        else:
+            fig_blocks.append(("text", f"{what}: no data."))
+    sections.append(Section("Figures", fig_blocks))
+    runs_shown = runs.drop(columns=["case_key"]).assign(
+        loss=[say.fmt_num(v, 4) for v in runs["loss"]], train_time=[say.fmt_seconds(v) for v in runs["train_time"]],
+        depth=runs["depth"].astype(str), seed=runs["seed"].astype(str))
+    sections.append(Section("Runs", [("table", runs_shown.rename(columns={
+        "loss": "loss at budget (nats)", "train_time": "training clock"}))]))
+    (d / "study.md").write_text(render_markdown(title, sections, d), encoding="utf-8")
+    (d / "study.html").write_text(render_html(title, sections), encoding="utf-8")
+    paths["study.md"], paths["study.html"] = d / "study.md", d / "study.html"
+    text = "\n".join([cap, "", shown.to_markdown(index=False, disable_numparse=True), "", *words])
+    return paths, text

@@ -1,0 +1,167 @@
+"""``routerbench diagnose``: known answers at initialisation through the command's own path (a
+checkpoint written by the trainer at step 0 of a tiny run), hidden-state RMS against an
+independent loop, and the one-line errors (harness/diagnose.py, reports/diagnose.py)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.cli.train import corpus_info
+from harness.diagnose import checkpoint_dir, find_trained_runs, load_model
+from harness.env import write_manifest
+from harness.rundir import RunWriter
+from harness.schedule import Trainer
+from harness.train import TrainConfig, TrainRun
+from routers.errors import ConfigError
+from workloads.config import DecoderConfig
+from workloads.data import fixed_val_batches, prepare_corpus_from_text
+
+# 4 layers in 2 blocks of 4 sublayers: pools with C, P and (haares) completed and partial details.
+TINY = DecoderConfig(d_model=16, n_layers=4, n_heads=2, seq_len=16, batch_size=4)
+TC = TrainConfig(TINY, target_loss=3.0, max_steps=10, eval_every=5, untimed_warmup=1, warmup_steps=2)
+ROUTERS = {"prenorm": {}, "block_attnres": {"n_blocks": 2}, "haares": {"n_blocks": 2}}
+BATCHES = 2
+E2 = math.exp(-2.0)
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}\n" for i in range(3000))
+    return prepare_corpus_from_text(text, tmp_path_factory.mktemp("corpus") / "c")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, corpus):
+    """A run dir as a training command leaves it after each run's step-0 evaluation: the rows of
+    that evaluation committed, its checkpoint ``step-00000000.pt`` kept, the manifest's corpus."""
+    torch.set_num_threads(2)
+    d = tmp_path_factory.mktemp("runs") / "r"
+    d.mkdir()
+    write_manifest(d, "cpu", {"corpus": corpus_info(corpus)})
+    with RunWriter(d, "r", "s") as w:
+        trainer = Trainer(w, d, torch.device("cpu"), quiet=True)
+        for name, opts in ROUTERS.items():
+            run = TrainRun(name, opts, corpus, TC, 0, torch.device("cpu"))
+            run.setup()
+            run.advance(0, trainer.on_eval)          # the step-0 evaluation, then its checkpoint
+            assert (checkpoint_dir(d, run.key) / "step-00000000.pt").exists()
+    return d
+
+
+@pytest.fixture(scope="module")
+def written(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("diag")
+    res = invoke("diagnose", run_dir, "--out", out, "--batches", BATCHES)
+    assert res.exit_code == 0, res.output
+    return out, res.stdout.splitlines()
+
+
+def test_the_command_writes_one_line_per_file(written):
+    out, lines = written
+    names = {Path(p).name for p in lines}
+    assert names == {"depth_weights.csv", "depth_weights_block_attnres-seed0.png",
+                     "depth_weights_haares-seed0.png", "detail_share.csv", "detail_share.png",
+                     "detail_bias.csv", "detail_bias.png", "hidden_rms.csv", "hidden_rms.png"}
+    assert all(Path(p).parent == out and Path(p).stat().st_size > 0 for p in lines)
+
+
+def _pools(w: pd.DataFrame, router: str) -> dict[str, list[tuple[str, float]]]:
+    t = w[w["router"] == router]
+    return {r: list(zip(g["source"], g["weight"])) for r, g in t.groupby("read_label", sort=False)}
+
+
+def test_block_attnres_reads_are_plain_averages_at_init(written):
+    """Zero-initialised pseudo-queries: every read is the uniform average of its sources."""
+    w = pd.read_csv(written[0] / "depth_weights.csv")
+    pools = _pools(w, "block_attnres")
+    assert [s for s, _ in pools["0 attn"]] == ["e"]
+    assert [s for s, _ in pools["3 mlp"]] == ["e", "P"]
+    assert [s for s, _ in pools["4 attn"]] == ["e", "C1"]
+    assert [s for s, _ in pools["5 mlp"]] == ["e", "C1", "P"]
+    assert [s for s, _ in pools["out"]] == ["e", "C1", "C2"]
+    assert len(pools) == 2 * TINY.n_layers + 1
+    for read, pool in pools.items():
+        for _, weight in pool:
+            assert weight == pytest.approx(1 / len(pool), abs=1e-6), read
+    assert set(w.loc[w["router"] == "block_attnres", "source_kind"]) == {"state"}
+    assert set(w["router"]) == {"block_attnres", "haares"}    # prenorm has no depth softmax
+
+
+def test_haares_gives_each_detail_e_to_the_minus_2_of_a_state_weight_at_init(written):
+    """Detail logits biased by β_D = −2 at init: each detail source gets e^−2 of a state weight."""
+    out = written[0]
+    w = pd.read_csv(out / "depth_weights.csv")
+    pools = _pools(w, "haares")
+    assert [s for s, _ in pools["1 mlp"]] == ["e", "P", "P.split"]
+    assert [s for s, _ in pools["5 mlp"]] == ["e", "C1", "D1.split", "P", "P.split"]
+    assert [s for s, _ in pools["out"]] == ["e", "C1", "C2"]   # conservative readout: no details
+    kinds = dict(zip(w["source"], w["source_kind"]))
+    for read, pool in pools.items():
+        n_state = sum(kinds[s] == "state" for s, _ in pool)
+        n_detail = len(pool) - n_state
+        state = 1 / (n_state + n_detail * E2)
+        for source, weight in pool:
+            want = state if kinds[source] == "state" else E2 * state
+            assert weight == pytest.approx(want, abs=1e-6), (read, source)
+    share = pd.read_csv(out / "detail_share.csv").set_index("read_label")
+    assert share.loc["5 mlp", "detail_share"] == pytest.approx(2 * E2 / (3 + 2 * E2), abs=1e-6)
+    assert share.loc["out", "detail_share"] == 0 and share.loc["out", "n_detail"] == 0
+    bias = pd.read_csv(out / "detail_bias.csv")
+    assert len(bias) == 2 * TINY.n_layers + 1 and set(bias["kind"]) == {"split"}
+    assert (bias["bias"] == -2.0).all() and (bias["init"] == -2.0).all()
+    assert bias.set_index("read_label")["used"].to_dict() == {
+        "0 attn": False, **{f"{k} {'attn' if k % 2 == 0 else 'mlp'}": True for k in range(1, 8)},
+        "out": False}
+
+
+def test_hidden_rms_of_prenorm_matches_an_independent_loop(run_dir, corpus, written):
+    """h_0 = e, h_{k+1} = h_k + u_k, h_out = h_2L: per-token RMS over d, mean over tokens."""
+    run = next(r for r in find_trained_runs(run_dir) if r.router == "prenorm")
+    model = load_model(run)
+    want = {("read_input", k): 0.0 for k in range(2 * TINY.n_layers + 1)}
+    want.update({("update", k): 0.0 for k in range(2 * TINY.n_layers)})
+    rms = lambda t: float(t.double().pow(2).mean(-1).sqrt().mean())  # noqa: E731
+    batches = fixed_val_batches(corpus.val, TINY.batch_size, TINY.seq_len, BATCHES)
+    with torch.no_grad():
+        for x, _ in batches:
+            h = model.embed(x)
+            for k, f in enumerate(model.sublayers):
+                u = f(h)
+                want["read_input", k] += rms(h) / BATCHES
+                want["update", k] += rms(u) / BATCHES
+                h = h + u
+            want["read_input", 2 * TINY.n_layers] += rms(h) / BATCHES
+    got = pd.read_csv(written[0] / "hidden_rms.csv")
+    got = got[got["router"] == "prenorm"].set_index(["quantity", "depth"])["rms"]
+    assert len(got) == len(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9), key
+    assert set(pd.read_csv(written[0] / "hidden_rms.csv")["router"]) == set(ROUTERS)
+
+
+def test_a_run_dir_without_checkpoints_or_training_runs_is_one_line_and_exit_2(run_dir, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(run_dir, bare, ignore=shutil.ignore_patterns("checkpoints", ".lock"))
+    res = invoke("diagnose", bare)
+    assert res.exit_code == 2
+    assert res.stderr.count("\n") == 1 and "routerbench: error: RUN_DIR: " in res.stderr
+    assert str(bare) in res.stderr and "no checkpoint" in res.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = invoke("diagnose", empty)
+    assert res.exit_code == 2 and str(empty) in res.stderr and "no training runs" in res.stderr
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        find_trained_runs(bare)
+    assert not (bare / "diagnose").exists()
