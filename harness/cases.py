@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from routers import ROUTERS, build_router, router_class, router_options
+from routers.impls import impls_for
+from routers.impls import names as impl_names
 from routers.errors import ConfigError
 from workloads.config import DecoderConfig
 
@@ -78,6 +80,14 @@ def split_impl(router: str, options: dict[str, Any]) -> tuple[str, dict[str, Any
     return impl, options
 
 
+def offered_impls(router: str) -> tuple[str, ...]:
+    """The implementations ``router`` offers: its class's built-ins, then the peer kernels
+    registered for it (``routers/impls.py``; available here or not: an unavailable one becomes a
+    ``skipped`` row with the reason)."""
+    own = tuple(router_class(router).impls)
+    return own + tuple(i.name for i in impls_for(router) if i.name not in own)
+
+
 def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], depths: Iterable[int],
            modes: Iterable[str], backends: Iterable[str] = ("eager",),
            options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
@@ -94,7 +104,7 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
             ``n_heads``), validated together with them.
     """
     options = options or {}
-    known_impls = {i for r in ROUTERS.values() for i in r.impls}
+    known_impls = {i for r in ROUTERS.values() for i in r.impls} | set(impl_names())
     for impl in impls or ():
         if impl not in known_impls:
             raise ConfigError(f"--impls: unknown implementation {impl!r}; known: {', '.join(sorted(known_impls))}")
@@ -104,7 +114,7 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
     cases = []
     for d, L, backend, mode, r in itertools.product(widths, depths, backends, modes, routers):
         impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else ("naive", {})
-        offered = router_class(r).impls if r in ROUTERS else (impl,)
+        offered = offered_impls(r) if r in ROUTERS else (impl,)
         named = "impl" in options.get(r, {})  # a router's options naming its impl run only that one
         chosen = [impl] if named else ([i for i in (impls or [impl]) if i in offered] or [offered[0]])
         try:

@@ -15,7 +15,7 @@ from .errors import ConfigError
 from .registry import (ROUTERS, build_router, check_router_options, register, router_class,
                        router_options)
 
-_INFRA = {"base", "errors", "registry", "mixer", "two_phase"}
+_INFRA = {"base", "errors", "registry", "mixer", "two_phase", "impls", "peers"}
 for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _INFRA and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")

@@ -28,7 +28,7 @@ from .errors import ConfigError
 
 from .base import Router, Slot, block_layout
 from . import two_phase
-from .mixer import depth_mix, rms_match
+from .mixer import EPS, depth_mix, rms_match
 from .registry import register
 
 
@@ -80,10 +80,17 @@ class BlockAttnRes(Router):
     def __init__(self, d_model: int, n_layers: int, *, n_blocks: int | None = None,
                  block_unit: str = "layer", key_norm_gain: bool = False, impl: str = "naive") -> None:
         super().__init__(d_model, n_layers)
-        if impl not in self.impls:
+        from . import impls as _impls
+        known = [i.name for i in _impls.impls_for(self.name)] or list(self.impls)
+        if impl not in known:
             raise ConfigError(f"impl {impl!r} is not an implementation of {self.name}; "
-                              f"choose one of {self.impls}")
+                              f"choose one of {tuple(known)}")
+        spec = _impls.get(impl, self.name)
         self.impl = impl
+        #: the schedule this impl runs (a peer kernel plugs into naive or two_phase)
+        self.schedule = spec.schedule
+        #: a peer's depth mixer (naive schedule) or phases (two_phase schedule); None: ours
+        self.peer_mix, self.peer_phases = spec.mix, spec.phases
         self.block_unit = block_unit
         self.slots = block_layout(n_layers, n_blocks, block_unit)
         self.n_blocks = self.slots[-1].block
@@ -118,12 +125,12 @@ class BlockAttnRes(Router):
         return per_block * n_done
 
     def init_state(self, embedding: Tensor) -> BlockState | two_phase.TwoPhaseState:
-        if self.impl == "two_phase":
+        if self.schedule == "two_phase":
             return two_phase.init_state(self, embedding)
         return BlockState(embedding, (), None, ())
 
     def read(self, state: BlockState, slot: Slot) -> Tensor:
-        if self.impl == "two_phase":
+        if self.schedule == "two_phase":
             return two_phase.read(self, state, slot)
         sources = (state.e,) + state.pool
         kinds = (None,) + self._completed_kinds(slot.block - 1)
@@ -133,9 +140,7 @@ class BlockAttnRes(Router):
             for j in self._partial_kinds(slot):
                 sources += (self._match(state.partial_details[j], state.partial),)
                 kinds += (j,)
-        return depth_mix(sources, self.pseudo_query[slot.index], self._bias(slot.index, kinds),
-                         None if self.key_gain is None else self.key_gain[slot.index],
-                         recorder=self._recorder(slot.index, kinds))
+        return self._mix(sources, slot.index, kinds)
 
     def write(self, state: BlockState, slot: Slot, update: Tensor) -> BlockState:
         coefs = self._coefficients(slot)
@@ -146,7 +151,7 @@ class BlockAttnRes(Router):
             partial = state.partial + update
             details = tuple(d + update if c > 0 else d - update
                             for d, c in zip(state.partial_details, coefs))
-        if self.impl == "two_phase":
+        if self.schedule == "two_phase":
             return two_phase.write(self, state, slot, partial, details)
         if slot.last_in_block:  # P becomes C_b, entering the pool exactly once
             # The last block's details are read by nobody unless the readout reads details.
@@ -156,7 +161,7 @@ class BlockAttnRes(Router):
         return BlockState(state.e, state.pool, partial, details)
 
     def output(self, state: BlockState) -> Tensor:
-        if self.impl == "two_phase":
+        if self.schedule == "two_phase":
             return two_phase.output(self, state)
         per_block = 1 + len(self.detail_kinds)
         if self.readout_details:
@@ -164,10 +169,16 @@ class BlockAttnRes(Router):
         else:
             sources = (state.e,) + state.pool[::per_block]
         kinds = (None,) + self._completed_kinds(self.n_blocks, self.readout_details)
-        r = 2 * self.n_layers
-        return depth_mix(sources, self.pseudo_query[r], self._bias(r, kinds),
-                         None if self.key_gain is None else self.key_gain[r],
-                         recorder=self._recorder(r, kinds))
+        return self._mix(sources, 2 * self.n_layers, kinds)
+
+    def _mix(self, sources: tuple[Tensor, ...], read: int, kinds: tuple[int | None, ...]) -> Tensor:
+        """One naive-schedule read: ``depth_mix`` (ours, with the diagnose recorder) or the peer
+        kernel's mixer with the same arguments (``routers/impls.py``)."""
+        query, bias = self.pseudo_query[read], self._bias(read, kinds)
+        gain = None if self.key_gain is None else self.key_gain[read]
+        if self.peer_mix is not None:
+            return self.peer_mix(sources, query, bias, gain, EPS)
+        return depth_mix(sources, query, bias, gain, recorder=self._recorder(read, kinds))
 
     def options(self) -> dict:
         return {"n_blocks": self.n_blocks, "block_unit": self.block_unit,

@@ -211,7 +211,8 @@ class Router(nn.Module, abc.ABC):
         Raises:
             ValueError: ``impl`` is not in ``self.impls``.
         """
-        impl = getattr(self, "impl", self.impls[0]) if impl is None else impl
+        if impl is None:  # a peer kernel costs what the schedule it runs costs (routers/impls.py)
+            impl = getattr(self, "schedule", None) or getattr(self, "impl", self.impls[0])
         if impl not in self.impls:
             raise ValueError(f"impl={impl!r} is not an implementation of {self.name}; "
                              f"choose one of {self.impls}")

@@ -160,6 +160,11 @@ def phase2(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
     return out
 
 
+def _phases(r: BlockRouter) -> tuple:
+    """The router's phases: a peer kernel's (``routers/impls.py``) or :func:`phase1`, :func:`phase2`."""
+    return getattr(r, "peer_phases", None) or (phase1, phase2)
+
+
 def completed_kinds(r: BlockRouter, n_blocks_done: int) -> tuple[int | None, ...]:
     """Kinds of ``values``: the embedding, then per block C and its details."""
     return (None,) + ((None,) + tuple(range(len(r.detail_kinds)))) * n_blocks_done
@@ -171,14 +176,14 @@ def block_slots(r: BlockRouter, block: int) -> list[Slot]:
 
 def init_state(r: BlockRouter, e: Tensor) -> TwoPhaseState:
     values, inv = (e,), (inv_rms(e),)
-    o, mx, s = phase1(r, values, inv, block_slots(r, 1), completed_kinds(r, 0))
+    o, mx, s = _phases(r)[0](r, values, inv, block_slots(r, 1), completed_kinds(r, 0))
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
 def read(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
     if slot.pos == 0:
         return st.block_out[0]
-    return phase2(r, st, slot)
+    return _phases(r)[1](r, st, slot)
 
 
 def write(r: BlockRouter, st: TwoPhaseState, slot: Slot, partial: Tensor,
@@ -192,7 +197,7 @@ def write(r: BlockRouter, st: TwoPhaseState, slot: Slot, partial: Tensor,
     values, inv = st.values + new, st.inv_rms + tuple(inv_rms(v) for v in new)
     if final:
         return TwoPhaseState(values, inv, None, (), None, None, None)
-    o, mx, s = phase1(r, values, inv, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
+    o, mx, s = _phases(r)[0](r, values, inv, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
