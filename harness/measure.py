@@ -135,6 +135,48 @@ def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
             value=router_bytes_moved(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item)
 
 
+def impl_unavailable(case: Case, device: torch.device) -> str | None:
+    """Why the case's implementation cannot run here (a peer kernel's package, device, dtype or
+    mode; ``routers/impls.py``), or None."""
+    from routers import impls
+    if case.router not in impls.BLOCK_ROUTERS or case.impl in ("naive", "two_phase"):
+        return None
+    return impls.get(case.impl, case.router).unavailable_reason(device.type, case.cfg.dtype, case.mode)
+
+
+#: Parity results of this process, per router, options, impl, shape, dtype, device and backward.
+_PARITY: dict[tuple, object] = {}
+
+
+def check_parity(case: Case, device: torch.device, w: StagingWriter) -> bool:
+    """Before an impl other than ``naive`` of a block router is timed, check it against ``naive``
+    on the case's shape (:func:`harness.parity.router_parity`; once per router, options, impl,
+    shape, dtype, device and backward in a process). Writes a ``parity_error`` row (the largest
+    relative error; unit ``rel``) and, on failure, the case's ``error`` row ``parity failed: …``.
+
+    Returns:
+        whether the case may be timed.
+    """
+    from routers import impls
+
+    from .parity import BACKWARD_MODES, router_parity
+    if case.router not in impls.BLOCK_ROUTERS or case.impl == "naive":
+        return True
+    cfg, backward = case.cfg, case.mode in BACKWARD_MODES
+    key = (case.router, case.key.split("|")[1], case.impl, cfg.d_model, cfg.n_layers, cfg.batch_size,
+           cfg.seq_len, cfg.dtype, str(device), backward)
+    if key not in _PARITY:
+        _PARITY[key] = router_parity(case.router, case.options, case.impl, cfg.d_model, cfg.n_layers,
+                                     cfg.batch_size, cfg.seq_len, cfg.torch_dtype, device, backward)
+    res = _PARITY[key]
+    cols = case.columns()
+    w.write(**cols, metric="parity_error", value=res.max_rel_err if res.max_rel_err == res.max_rel_err else None,
+            unit="rel", status="ok" if res.ok else "error", error=None if res.ok else res.message())
+    if not res.ok:
+        w.write(**cols, metric="step_time", unit="ms", status="error", error=res.message())
+    return res.ok
+
+
 def run_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOptions,
              count_flops: bool = True, hold: dict | None = None) -> str:
     """Measure one case; returns its final status (``ok``, ``oom`` or ``error``).
@@ -143,12 +185,14 @@ def run_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOpti
     to be timed with the other cases of its group (:mod:`harness.paired`).
     """
     cols = case.columns()
-    reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
+    reason = backends.unavailable_reason(case.backend, case.compile_mode, device) or impl_unavailable(case, device)
     if reason:
         w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
         return "skipped"
     try:
         faults.maybe_inject(case.key)  # the test hook (harness/faults.py); a no-op unless set
+        if not check_parity(case, device, w):
+            return "error"
         model = build_model(case, device)
         counts = parameter_counts(model)
         w.write(**cols, metric="params_matrix", value=counts["matrix"], unit="count")

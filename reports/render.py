@@ -20,7 +20,7 @@ import pandas as pd
 from harness import noise
 from harness.records import MANIFEST_FILE, aborted_summary
 
-from . import figures, floor, paired, sentences, summary, tables, training
+from . import figures, floor, impls, paired, sentences, summary, tables, training
 
 CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
                  "Time, steps and tokens to target are interpolated linearly between the two "
@@ -52,6 +52,7 @@ COLUMN_STYLE = {
 COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
 COLUMN_STYLE.update(floor.COLUMN_STYLE)
 COLUMN_STYLE.update(summary.COLUMN_STYLE)
+COLUMN_STYLE.update(impls.COLUMN_STYLE)
 #: Case columns that, when equal in every row, move into a sentence above the table.
 _COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "mode", "workload",
            *tables.SHAPE_COLS, "device", "seed")
@@ -339,7 +340,14 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                      [("text", floor.FLOOR_METHOD)])
     floors.blocks += _table_blocks(floor_t, floor.NO_TABLE, drop=("variant",),
                                    split=("run_id", "mode", "backend", "compile_mode"))
-    return [cost, pairs, floors, backends, models]
+    impl_t = impls.impl_table(df)
+    impl_sec = Section("Implementations: step time relative to the fastest, with parity errors",
+                       [("text", impls.METHOD)])
+    if figs.get("impls"):
+        impl_sec.blocks.append(_figure_block(figs["impls"], "impls", "Step time / fastest impl of "
+                                             "each case; the label is the impl's parity error"))
+    impl_sec.blocks += _table_blocks(impl_t, impls.NO_TABLE, split=("run_id", "mode", "backend"))
+    return [cost, pairs, floors, backends, impl_sec, models]
 
 
 #: Columns of a failed case folded into its label (:func:`reports.tables.case_label`); the case
@@ -582,7 +590,7 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None,
         elif (out / name).exists():
             (out / name).unlink()  # from an earlier report whose data is no longer here
     figs = {}
-    for name, fn in {**figures.FIGURES, **paired.FIGURES}.items():
+    for name, fn in {**figures.FIGURES, **paired.FIGURES, **impls.FIGURES}.items():
         figs[name] = fn(df, out)
         for stale in (out / f"{name}.png", out / f"{name}.csv"):
             if figs[name] is None and stale.exists():

@@ -47,6 +47,33 @@ echo "== sweep: compile (default mode) x fwd_bwd"
 timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-check-compile \
   --backends compile --modes fwd_bwd
 
+# Implementations of block_attnres at one shape, bf16, fwd_bwd (at most ~3 minutes): every impl
+# available here eager (naive, two_phase and each peer kernel, each checked against naive before it
+# is timed: harness/parity.py), two_phase compiled, on the decoder and the router_only workload.
+# The machine has no network: to have the peers, build their wheels where there is one
+#   pip download 'fla-core>=0.6' 'liger-kernel>=0.8.5' 'flash-attn-res>=0.1.12' 'fast-attnres>=2.1' \
+#       'triton==3.7.1' einops --no-deps -d shared/wheels
+# (shared/ travels with the working tree), then here: pip install --no-index --no-deps shared/wheels/*.whl
+if [ -d shared/wheels ] && ls shared/wheels/*.whl >/dev/null 2>&1; then
+  echo "== installing the peer kernels from shared/wheels (no index)"
+  "$PY" -m pip install -q --no-index --no-deps shared/wheels/*.whl || echo "peer wheels did not install"
+fi
+"$PY" -m harness.cli list | sed -n '/^implementations/,/^backends/p' | sed '$d'
+impl_shape=(--routers block_attnres --widths 1024 --depths 8 --n-heads 8 --seq-len 1024 --batch-size 4
+            --dtype bfloat16 --modes fwd_bwd --no-train --no-report --quiet --repeats 10 --warmup-s 0.5
+            --remeasure-s 5 --out "$OUT")
+for wl in decoder router_only; do
+  echo "== impls: block_attnres, $wl, every impl eager"
+  timeout 60 "$PY" -m harness.cli run "${impl_shape[@]}" --workload $wl --backends eager \
+    --impls naive,two_phase,fla,liger,flash_attn_res,fast_attnres --run-id gpu-check-impls-$wl
+done
+echo "== impls: block_attnres two_phase compiled (decoder)"
+timeout 60 "$PY" -m harness.cli run "${impl_shape[@]}" --workload decoder --backends compile --impls two_phase \
+  --run-id gpu-check-impls-compile
+impl_dirs=$(ls -d "$OUT"/*/gpu-check-impls-* 2>/dev/null)
+[ -n "$impl_dirs" ] && "$PY" -m harness.cli report $impl_dirs --out "$OUT/impls-report" >/dev/null \
+  && sed -n '/^## Implementations/,/^## /p' "$OUT/impls-report/report.md" | head -n 30
+
 # Training to a target on every backend (120 steps of the cpu-train shape, 2 seeds, given target;
 # the CUDA-graph run captures forward, backward, clip and AdamW in one graph).
 train=(--preset cpu-train --max-steps 120 --seeds 2 --target-loss 3.0 --no-report --quiet --out "$OUT")

@@ -8,6 +8,7 @@ from routers import ROUTERS, router_class, router_options
 from workloads.config import PRESETS, TRAINING_PRESETS
 
 from ..backends import BACKENDS
+from ..cases import offered_impls
 from ..modes import MODES
 
 
@@ -19,10 +20,21 @@ def list_cmd() -> None:
         cls = router_class(name)
         opts = ", ".join(f"{k}={v!r}" for k, v in router_options(name).items() if k != "impl")
         doc = (cls.__doc__ or "").strip().splitlines()[0]
-        click.echo(f"  {name:14s} impls={','.join(cls.impls)}  {doc}")
+        click.echo(f"  {name:14s} impls={','.join(offered_impls(name))}  {doc}")
         if opts:
             click.echo(f"  {'':14s} options: {opts}")
-    click.echo("backends: " + ", ".join(
+    import torch
+
+    from routers import impls
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    click.echo(f"implementations of the block routers (availability here, on {device}):")
+    for name in impls.names():
+        impl = impls.IMPLS[name]
+        why = impl.unavailable_reason(device)
+        ver = impl.version()
+        click.echo(f"  {name:15s} {impl.schedule:9s} routers={','.join(impl.routers)}  "
+                   + ("available" + (f" ({impl.package} {ver})" if ver else "") if not why else f"unavailable: {why}"))
+        click.echo("backends: " + ", ".join(
         b + (f" (compile modes: {', '.join(m for m in ms if m)})" if any(ms) else "")
         for b, ms in BACKENDS.items()))
     click.echo("modes: " + ", ".join(MODES) + ", train (routerbench train)")

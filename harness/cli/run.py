@@ -45,6 +45,7 @@ def run_cmd(config, **cli) -> None:
     run.manifest({"cases": len(cases), "timing": timing_manifest(opts),
                   "group_memory": {"budget_bytes": budget, "fraction_of_free": MEMORY_FRACTION,
                                    "split": split},
+                  "impls": impl_manifest(cases, run.device),
                   **({"corpus": corpus_info(corpus)} if corpus else {})})
     if split:
         click.echo(f"note: {len(split)} paired group(s) do not fit in {budget / 2**30:.1f} GiB by estimate "
@@ -61,3 +62,15 @@ def run_cmd(config, **cli) -> None:
 
 
 COMMANDS = (run_cmd,)
+
+
+def impl_manifest(cases, device) -> dict:
+    """Each implementation the sweep uses: its schedule, package and version, and why it cannot
+    run here (None when it can), for the manifest."""
+    from routers import impls
+    out = {}
+    for name in sorted({c.impl for c in cases if c.router in impls.BLOCK_ROUTERS}):
+        impl = impls.get(name)
+        out[name] = {"schedule": impl.schedule, "package": impl.package, "version": impl.version(),
+                     "unavailable": impl.unavailable_reason(device.type), "conventions": impl.conventions}
+    return out

@@ -213,5 +213,7 @@ def router_impl_options(name: str, options: dict[str, Any]) -> tuple[str | None,
 
 
 def impl_names() -> tuple[str, ...]:
-    """Every implementation name some router offers."""
-    return tuple(sorted({i for n in ROUTERS for i in router_class(n).impls}))
+    """Every implementation name some router offers: the routers' built-ins and every registered
+    peer kernel (``routers/impls.py``; available here or not)."""
+    from routers.impls import names
+    return tuple(sorted({i for n in ROUTERS for i in router_class(n).impls} | set(names())))

@@ -71,7 +71,8 @@ class ProfileSpec:
         dev = resolve_device(out.device, L("output.device"))
         opts = dict(p.router_options or {})
         named = opts.pop("impl", None)
-        offered = router_class(p.router).impls
+        from ..cases import offered_impls
+        offered = offered_impls(p.router)
         if named is not None and p.impl is not None and named != p.impl:
             raise ConfigError(f"{L('profile.impl')} {p.impl} contradicts impl={named!r} in "
                               f"{L('profile.router_options')}; give one of them")

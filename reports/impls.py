@@ -1,0 +1,97 @@
+"""Implementations side by side: each impl's step time relative to the fastest impl of its case,
+with the parity error that let it be timed (:mod:`harness.parity`).
+
+A case here is a router, its options, backend, compile mode, mode, workload and shape; its impls
+(``naive``, ``two_phase``, peer kernels of ``routers/peers/``) are compared by median step time.
+Only an impl that passed parity has a time; one that failed is listed with its error and no time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from . import tables  # noqa: E402
+
+#: What makes a case; impls of one case are compared.
+CASE = ("run_id", "router", "options", "backend", "compile_mode", "mode", "workload", *tables.SHAPE_COLS)
+COLUMNS = [*CASE, "impl", "median_ms", "vs_fastest", "parity_error", "parity"]
+COLUMN_STYLE = {"vs_fastest": ("step time / fastest impl (×)", "{:.3f}"),
+                "parity_error": ("parity error vs naive (max rel)", "{:.1e}"), "parity": ("parity", None)}
+METHOD = ("Each implementation of a block router against the others on the same case: median step "
+          "time over the fastest impl's (1.00 = fastest), beside the parity error of the check run "
+          "before it was timed (largest relative error of the output and gradients against naive on "
+          "random pseudo-queries, key gains and detail biases; naive is the reference and has none).")
+NO_TABLE = "Only one implementation per case in these runs (add --impls naive,two_phase,…)."
+
+
+def impl_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per case and impl of the block routers timed with more than one impl.
+
+    Returns:
+        :data:`COLUMNS`: ``median_ms`` (NaN when the impl was not timed), ``vs_fastest`` (median /
+        the smallest median of the case's impls), ``parity_error`` (NaN for naive) and ``parity``
+        (``ok``, the failure message, or ``reference`` for naive).
+    """
+    from routers.impls import BLOCK_ROUTERS
+    cost = tables.cost_rows(df)
+    cost = cost[cost["router"].isin(BLOCK_ROUTERS)]
+    if cost.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    st = tables.ok_rows(cost, "step_time")
+    med = (st.assign(value=st["value"] * st["unit"].map(tables.TO_MS).fillna(1.0))
+           .groupby([*CASE, "impl"], dropna=False)["value"].median().rename("median_ms").reset_index())
+    par = cost[cost["metric"] == "parity_error"]
+    par = par.groupby([*CASE, "impl"], dropna=False).agg(
+        parity_error=("value", "last"), status=("status", "last"), error=("error", "last")).reset_index()
+    t = med.merge(par, on=[*CASE, "impl"], how="outer")
+    if t.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    t["parity"] = [("reference" if i == "naive" else "ok" if s == "ok" else (e or "failed"))
+                   for i, s, e in zip(t["impl"], t["status"].fillna("ok"), t["error"].fillna(""))]
+    n = t.groupby(list(CASE), dropna=False)["impl"].transform("nunique")
+    t = t[n > 1].copy()
+    if t.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    t["vs_fastest"] = t["median_ms"] / t.groupby(list(CASE), dropna=False)["median_ms"].transform("min")
+    return tables.sort_cases(t)[COLUMNS].reset_index(drop=True)
+
+
+def impl_figure(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """Bars of step time / fastest impl per case, the parity error written beside each bar
+    (``impls.png`` with its data as ``impls.csv``); None with fewer than two impls of a case."""
+    t = impl_table(df)
+    t = t[t["median_ms"].notna()]
+    if t.empty:
+        return None
+    t = t.assign(case=t["router"] + " · " + t["backend"] + " · " + t["mode"] + " · " + t["workload"]
+                 + " d" + t["d_model"].astype(str) + " L" + t["n_layers"].astype(str))
+    out = Path(out_dir) / "impls.png"
+    t.to_csv(out.with_suffix(".csv"), index=False)
+    cases = list(dict.fromkeys(t["case"]))
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(t)))
+    sns.barplot(data=t, y="case", x="vs_fastest", hue="impl", ax=ax, order=cases, orient="h")
+    for container, impl in zip(ax.containers, [h.get_text() for h in ax.get_legend().get_texts()]):
+        sub = t[t["impl"] == impl].set_index("case")
+        labels = []
+        for c in cases:
+            if c in sub.index:
+                err = sub.loc[c, "parity_error"]
+                labels.append("reference" if impl == "naive" else f"parity {err:.0e}" if err == err else "")
+        ax.bar_label(container, labels=labels[:len(container)], padding=3, fontsize=7)
+    ax.axvline(1.0, color="0.4", linestyle="--", linewidth=1)
+    ax.set_xlabel("step time / fastest impl of the case (×); label: parity error vs naive")
+    ax.set_ylabel("")
+    ax.set_title("Implementations: step time relative to the fastest, with their parity error")
+    from .figures import save_png
+    return save_png(fig, out)
+
+
+FIGURES = {"impls": impl_figure}
