@@ -56,6 +56,8 @@ class Impl:
         probe: returns None when usable here, else why not (imports the package lazily).
         conventions: where the kernel's conventions differ from ours and what the adapter does.
         builtin: part of routerbench (never unavailable).
+        interpretable: a Triton kernel that also runs on CPU tensors under Triton's interpreter
+            (``TRITON_INTERPRET=1``); some Triton-based packages refuse CPU tensors even then.
     """
 
     name: str
@@ -70,6 +72,7 @@ class Impl:
     probe: Callable[[], str | None] = field(default=lambda: None)
     conventions: str = ""
     builtin: bool = False
+    interpretable: bool = False
 
     def version(self) -> str | None:
         """The installed version of :attr:`package`, or None."""
@@ -101,16 +104,12 @@ class Impl:
         return None
 
     def devices_here(self) -> tuple[str, ...]:
-        """:attr:`devices`, plus ``cpu`` for a Triton kernel under ``TRITON_INTERPRET=1`` (Triton's
-        interpreter runs kernels on CPU tensors: slow, for tests at tiny shapes)."""
-        if "cuda" in self.devices and "cpu" not in self.devices and triton_interpreted(self):
+        """:attr:`devices`, plus ``cpu`` for an :attr:`interpretable` kernel under
+        ``TRITON_INTERPRET=1`` (Triton's interpreter runs kernels on CPU tensors: slow, for tests
+        at tiny shapes)."""
+        if self.interpretable and "cpu" not in self.devices and os.environ.get("TRITON_INTERPRET") == "1":
             return self.devices + ("cpu",)
         return self.devices
-
-
-def triton_interpreted(impl: Impl) -> bool:
-    """Whether ``impl`` is Triton-based (its conventions say so) and ``TRITON_INTERPRET=1`` is set."""
-    return os.environ.get("TRITON_INTERPRET") == "1" and "triton" in impl.conventions.lower()
 
 
 #: name -> implementation, built-ins first, then every adapter of ``routers/peers/``.

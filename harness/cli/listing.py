@@ -34,7 +34,7 @@ def list_cmd() -> None:
         ver = impl.version()
         click.echo(f"  {name:15s} {impl.schedule:9s} routers={','.join(impl.routers)}  "
                    + ("available" + (f" ({impl.package} {ver})" if ver else "") if not why else f"unavailable: {why}"))
-        click.echo("backends: " + ", ".join(
+    click.echo("backends: " + ", ".join(
         b + (f" (compile modes: {', '.join(m for m in ms if m)})" if any(ms) else "")
         for b, ms in BACKENDS.items()))
     click.echo("modes: " + ", ".join(MODES) + ", train (routerbench train)")

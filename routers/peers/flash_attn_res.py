@@ -107,6 +107,7 @@ IMPL = Impl(
     modes=("fwd", "fwd_bwd", "train_step", "decode"),
     package=DIST,
     probe=probe,
+    interpretable=True,
     conventions=(
         "Triton kernels (torch.library.triton_op) phase_1_batched_attention_triton_op(V (n,B,T,d) "
         "stacked, Q (m,d), eps) -> (o (m,B,T,d) bfloat16, lse (m,B,T) float32) and "

@@ -44,9 +44,10 @@ def mix(sources: tuple[Tensor, ...], query: Tensor, bias: Tensor | None, key_gai
         return sources[0]  # softmax over one source is 1, as depth_mix
     from liger_kernel.ops.attn_res import LigerAttnResFunction
     values = torch.stack(tuple(sources), dim=0)                       # (n, B, T, d), as depth_mix
-    # float32 ones: the kernel rounds the normalised key to w_norm's dtype before the gain
-    gain = key_gain if key_gain is not None else torch.ones(
-        query.shape, dtype=torch.float32, device=query.device)
+    # w_norm in float32 (our gain cast, or ones): the kernel casts the normalised key to w_norm's
+    # dtype before the gain, so a bfloat16 w_norm would round it and compute the gain in bfloat16
+    gain = (key_gain.to(torch.float32) if key_gain is not None
+            else torch.ones(query.shape, dtype=torch.float32, device=query.device))
     h = LigerAttnResFunction.apply(values, query, gain, eps)
     return h.to(sources[0].dtype)
 
@@ -61,14 +62,17 @@ IMPL = Impl(
     modes=("fwd", "fwd_bwd", "train_step", "decode"),
     package=DIST,
     probe=probe,
+    interpretable=True,
     conventions=(
         "Triton kernel LigerAttnResFunction.apply(V (n,B,T,d) stacked, w_query (d,), w_norm (d,), eps): "
         "keys RMSNorm(V)·w_norm, logits w_query·k with no temperature (as ours), softmax in float32, "
         "output in V's dtype, Triton backward. Mapping: the adapter stacks the sources (a copy, as "
         "depth_mix does; a list passed to the Function would get no gradients); w_norm = our key "
-        "gain, float32 ones when None (the kernel rounds the normalised key to w_norm's dtype); eps "
-        "= our 1e-6. No per-source bias: no haares / wav_v1. A read over one source returns that "
-        "source without calling the kernel, as depth_mix does. Needs liger-kernel >= 0.8.5 "
+        "gain cast to float32, float32 ones when None (the kernel casts the normalised key to "
+        "w_norm's dtype before the gain: a bfloat16 w_norm would round it, and Triton's "
+        "interpreter cannot compute in bfloat16); eps = our 1e-6. No per-source bias: no haares / "
+        "wav_v1. A read over one source returns that source without calling the kernel, as "
+        "depth_mix does. Needs liger-kernel >= 0.8.5 "
         "(Liger-Kernel#1344: sources past 32 dropped before). float64 is not offered (the kernel "
         "computes in float32). No autotuning: runs on CPU under TRITON_INTERPRET=1."),
 )
