@@ -151,7 +151,7 @@ def test_an_indivisible_batch_exits_2_with_one_line_before_any_model(tmp_path, c
                          cwd=ROOT, env=_env(WORLD_SIZE="3", RANK="0", LOCAL_RANK="0"), capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
-    assert "--batch-size 8 of --preset haares-453m (the global batch) does not split over world size 3" in res.stderr
+    assert "--batch-size 64 of --preset haares-453m (the global batch) does not split over world size 3" in res.stderr
     # Under the real torchrun: one line for both processes, each exiting 2, no directory made.
     res = train(tmp_path, "x", corpus, nproc=2, extra=["--batch-size", "5"])
     assert res.returncode != 0

@@ -352,3 +352,17 @@ def test_a_relative_corpus_path_in_a_config_file_is_relative_to_that_file(tmp_pa
     monkeypatch.chdir("/")
     spec, labels = load(TrainSpec, {}, str(tmp_path / "cfg" / "train.toml"))
     assert spec.resolve(labels).training.data == str(tmp_path / "cfg" / "corpus")
+
+
+def test_train_takes_the_presets_training_settings_where_options_are_unset():
+    from workloads.config import TRAINING_PRESETS
+    tp = TRAINING_PRESETS["haares-201m"]
+    spec, labels = load(TrainSpec, {"preset": "haares-201m", "target_loss": 3.0}, None)
+    r = spec.resolve(labels)
+    tc = r.train_config()
+    assert (r.shape.batch_size, r.training.grad_accum) == (tp.global_batch.value, tp.grad_accum)
+    assert (tc.lr, tc.warmup_steps, tc.max_steps) == (tp.lr.value, tp.warmup_steps.value, tp.max_steps.value)
+    spec, labels = load(TrainSpec, {"preset": "haares-201m", "target_loss": 3.0, "lr": 0.01, "batch_size": 16,
+                                    "warmup_steps": 5}, None)
+    r = spec.resolve(labels)
+    assert (r.shape.batch_size, r.training.grad_accum, r.training.lr, r.train_config().warmup_steps) == (16, 1, 0.01, 5)

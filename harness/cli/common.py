@@ -222,8 +222,10 @@ class Run:
             counts = f"{done} of {len(k)} done"
         except Exception:  # noqa: BLE001 - the message must come out whatever
             counts = "progress unknown"
-        # on a fresh line: a progress bar may hold the current one
-        click.echo(f"\n{what}: {counts}; resume with: {self.resume_command()}", err=True)
+        # on a fresh line: a progress bar may hold the current one; under torchrun rank 0 alone
+        # speaks (another rank's run id, made up from its own pid, names no directory)
+        if os.environ.get("RANK", "0") == "0":
+            click.echo(f"\n{what}: {counts}; resume with: {self.resume_command()}", err=True)
         sys.exit(code)
 
 

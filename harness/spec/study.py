@@ -99,6 +99,11 @@ class StudySpec:
                 ``--router-options``; a bad router option at some depth; ``--eval-every`` above the
                 budget; an unreadable corpus or one whose validation split is shorter than a sequence.
         """
+        from ..distributed import env_world_size
+        if env_world_size() > 1:
+            raise ConfigError("study depth runs in one process, not under torchrun (its runs are not "
+                              "trained with DDP yet): run it without torchrun, or train each depth with "
+                              "`routerbench train --preset char-<L>L` under torchrun")
         st, out = self.study, self.output
         check_output(out, L)
         dev = resolve_device(out.device, L("output.device"))

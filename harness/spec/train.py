@@ -38,10 +38,11 @@ class Training:
                                           "(default: 0.5).", min=0, min_open=True, max=1)
     seeds: int | None = option("int", "Number of seeds, 0..N-1; every router trains once per seed "
                                "(default: 3).", min=1)
-    max_steps: int | None = option("int", "Step budget (default: 300).", min=1)
+    max_steps: int | None = option("int", "Step budget (default: 300, or the preset's).", min=1)
     eval_every: int | None = option("int", "Evaluation cadence in steps (default: 2.5 % of the step "
                                     "budget).", min=1)
-    lr: float | None = option("float", "Peak learning rate (default: 0.003).", min=0, min_open=True)
+    lr: float | None = option("float", "Peak learning rate (default: 0.003, or the preset's).", min=0,
+                              min_open=True)
     stop_at_target: bool | None = option("bool", "End each run at the target, without the loss at the "
                                          "token budget (default: off).")
     schedule: str | None = option("str", "interleaved: the runs of a seed advance in turns of --chunk "
@@ -55,7 +56,26 @@ class Training:
     precision: str | None = option("str", "fp32 (default), or bf16-mixed: float32 weights and "
                                    "optimizer, bf16 autocast.", choices=PRECISIONS)
     grad_accum: int | None = option("int", "Micro-batches per step; --batch-size is split into them "
-                                    "(under torchrun each process's rows of it; default: 1).", min=1)
+                                    "(under torchrun each process's rows of it; default: 1, or the preset's).", min=1)
+    warmup_steps: int | None = option("int", "Steps of linear learning-rate warm-up before the cosine "
+                                      "decay (default: 20, or the preset's).", min=0)
+
+
+def preset_training(s, tr):
+    """The shape and training options with the defaults of ``--preset``'s training settings
+    (``workloads.config.TRAINING_PRESETS``: global batch, with the preset's batch as micro-batch
+    through ``--grad-accum``; learning rate, warm-up, step budget) where the command line and the
+    config file leave them unset; unchanged for a preset without training settings."""
+    from workloads.config import TRAINING_PRESETS
+    tp = TRAINING_PRESETS.get(s.preset) if s.preset else None
+    if tp is None:
+        return s, tr
+    if s.batch_size is None:
+        s = replace(s, batch_size=tp.global_batch.value)
+        if tr.grad_accum is None:
+            tr = replace(tr, grad_accum=tp.grad_accum)
+    return s, replace(tr, lr=tr.lr or tp.lr.value, max_steps=tr.max_steps or tp.max_steps.value,
+                      warmup_steps=tp.warmup_steps.value if tr.warmup_steps is None else tr.warmup_steps)
 
 
 @dataclass(frozen=True)
@@ -81,6 +101,7 @@ class TrainSpec:
                 corpus that cannot be read or whose validation split is shorter than a sequence.
         """
         s, tr, out = self.shape, self.training, self.output
+        s, tr = preset_training(s, tr)
         if tr.target_loss is not None and tr.target_from_pilot is not None:
             raise ConfigError(f"{L('training.target_from_pilot')} and {L('training.target_loss')} exclude "
                               "each other: give the target, or the router of the pilot that sets it")
@@ -107,7 +128,8 @@ class TrainSpec:
         from ..distributed import env_world_size
         world = env_world_size()  # torchrun's WORLD_SIZE: checked before any model is built
         if world > 1:
-            origin = "" if s.batch_size is not None else f" of {L('shape.preset')} {s.preset or DEFAULT_PRESET}"
+            origin = ("" if self.shape.batch_size is not None
+                      else f" of {L('shape.preset')} {s.preset or DEFAULT_PRESET}")
             check_world_size(base.batch_size, tr.grad_accum or 1, world, L("shape.batch_size"),
                              L("training.grad_accum"), origin)
         routers = self.routers.routers or DEFAULT_ROUTERS
@@ -138,7 +160,8 @@ class TrainSpec:
                              target_from_pilot=pilot,
                              pilot_fraction=None if tr.target_loss is not None else (tr.pilot_fraction or 0.5),
                              schedule=tr.schedule or "auto", chunk=tr.chunk or eval_every,
-                             backend=tr.backend or "eager", precision=precision, grad_accum=tr.grad_accum or 1),
+                             backend=tr.backend or "eager", precision=precision, grad_accum=tr.grad_accum or 1,
+                             warmup_steps=20 if tr.warmup_steps is None else tr.warmup_steps),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
         )
 
@@ -156,4 +179,5 @@ class TrainSpec:
         tr = self.training
         return TrainConfig(self.decoder_config(), target_loss=tr.target_loss, max_steps=tr.max_steps,
                            eval_every=tr.eval_every, lr=tr.lr, stop_at_target=tr.stop_at_target,
-                           backend=tr.backend, precision=tr.precision, grad_accum=tr.grad_accum)
+                           backend=tr.backend, precision=tr.precision, grad_accum=tr.grad_accum,
+                           warmup_steps=20 if tr.warmup_steps is None else tr.warmup_steps)
