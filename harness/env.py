@@ -86,7 +86,9 @@ def environment(device: torch.device | str) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         env.update(gpu_memory_bytes=props.total_memory, sm_count=props.multi_processor_count,
                    capability=f"{props.major}.{props.minor}", driver=_nvidia_driver())
-    for pkg in ("fvcore", "pandas", "seaborn", "numpy"):
+    # set, Triton kernels ran in Triton's CPU interpreter: their times are not kernel times
+    env["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    for pkg in ("fvcore", "pandas", "seaborn", "numpy", "triton"):
         try:
             env[pkg] = __import__(pkg).__version__
         except Exception:  # optional on some machines (e.g. fvcore on a bare GPU box)

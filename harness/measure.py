@@ -141,17 +141,24 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     from routers import impls
     if case.router not in impls.BLOCK_ROUTERS or case.impl in ("naive", "two_phase"):
         return None
-    return impls.get(case.impl, case.router).unavailable_reason(device.type, case.cfg.dtype, case.mode)
+    impl = impls.get(case.impl, case.router)
+    why = impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)
+    if why is None and device.type == "cpu" and impl.interpretable and case.backend != "eager":
+        why = f"impl {impl.name} runs on a CPU only under Triton's interpreter, eager only (not {case.backend})"
+    return why
 
 
+#: Tokens of the one sequence a parity check runs (the case's width, depth and dtype).
+PARITY_TOKENS = 128
 #: Parity results of this process, per router, options, impl, shape, dtype, device and backward.
 _PARITY: dict[tuple, object] = {}
 
 
 def check_parity(case: Case, device: torch.device, w: StagingWriter) -> bool:
     """Before an impl other than ``naive`` of a block router is timed, check it against ``naive``
-    on the case's shape (:func:`harness.parity.router_parity`; once per router, options, impl,
-    shape, dtype, device and backward in a process). Writes a ``parity_error`` row (the largest
+    at the case's width, depth, dtype and device on one sequence of at most
+    :data:`PARITY_TOKENS` tokens (:func:`harness.parity.router_parity`; once per router, options,
+    impl, shape, dtype, device and backward in a process). Writes a ``parity_error`` row (the largest
     relative error; unit ``rel``) and, on failure, the case's ``error`` row ``parity failed: …``.
 
     Returns:
@@ -163,11 +170,14 @@ def check_parity(case: Case, device: torch.device, w: StagingWriter) -> bool:
     if case.router not in impls.BLOCK_ROUTERS or case.impl == "naive":
         return True
     cfg, backward = case.cfg, case.mode in BACKWARD_MODES
-    key = (case.router, case.key.split("|")[1], case.impl, cfg.d_model, cfg.n_layers, cfg.batch_size,
-           cfg.seq_len, cfg.dtype, str(device), backward)
+    # The router mixes over depth per token: one sequence of at most PARITY_TOKENS tokens has every
+    # source count, width and dtype of the case at a fraction of its memory (naive runs in float64).
+    tokens = min(cfg.seq_len, PARITY_TOKENS)
+    key = (case.router, case.key.split("|")[1], case.impl, cfg.d_model, cfg.n_layers, tokens,
+           cfg.dtype, str(device), backward)
     if key not in _PARITY:
         _PARITY[key] = router_parity(case.router, case.options, case.impl, cfg.d_model, cfg.n_layers,
-                                     cfg.batch_size, cfg.seq_len, cfg.torch_dtype, device, backward)
+                                     1, tokens, cfg.torch_dtype, device, backward)
     res = _PARITY[key]
     cols = case.columns()
     w.write(**cols, metric="parity_error", value=res.max_rel_err if res.max_rel_err == res.max_rel_err else None,
@@ -175,6 +185,17 @@ def check_parity(case: Case, device: torch.device, w: StagingWriter) -> bool:
     if not res.ok:
         w.write(**cols, metric="step_time", unit="ms", status="error", error=res.message())
     return res.ok
+
+
+def naive_twin(case: Case, model: Decoder) -> Decoder:
+    """``model`` itself, or for a peer kernel's case (``routers/peers/``) the same decoder with
+    the naive impl and the same weights: FLOP counters and the traffic model see a peer's Triton
+    launches or custom ops as opaque, while the maths, and so the FLOPs, are naive's."""
+    if case.impl in ("naive", "two_phase") or "impl" not in case.router_kwargs():
+        return model
+    twin = Decoder(case.cfg, case.router, {**case.router_kwargs(), "impl": "naive"})
+    twin.load_state_dict(model.state_dict())
+    return twin.to(next(model.parameters()).device)
 
 
 def run_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOptions,
@@ -200,9 +221,14 @@ def run_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOpti
         x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
                                seed=case.seed, device=device)
         if count_flops:
-            measure_router_costs(case, model, w)
-            if opts.flops:
-                measure_flops(case, model, x, w)
+            counted = naive_twin(case, model)  # FLOPs are the maths': a peer kernel's are naive's
+            for what, fn in (("router_io_measured", lambda: measure_router_costs(case, counted, w)),
+                             ("fwd_flops_fvcore", lambda: opts.flops and measure_flops(case, counted, x, w))):
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
+                    w.write(**cols, metric=what, status="error", error=f"not counted: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}")
         if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
             # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
             model.train()

@@ -56,6 +56,11 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     t["parity"] = [("reference" if i == "naive" else "ok" if s == "ok" else (e or "failed"))
                    for i, s, e in zip(t["impl"], t["status"].fillna("ok"), t["error"].fillna(""))]
+    bad = cost[(cost["metric"] == "step_time") & (cost["status"] != "ok")]
+    why = bad.groupby([*CASE, "impl"], dropna=False)["error"].last().rename("why").reset_index()
+    t = t.merge(why, on=[*CASE, "impl"], how="left")
+    untimed = t["median_ms"].isna() & t["why"].notna() & ~t["parity"].str.startswith("parity failed")
+    t.loc[untimed, "parity"] = t.loc[untimed, "parity"] + "; not timed: " + t.loc[untimed, "why"].astype(str)
     n = t.groupby(list(CASE), dropna=False)["impl"].transform("nunique")
     t = t[n > 1].copy()
     if t.empty:

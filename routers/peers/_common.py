@@ -30,7 +30,7 @@ def import_reason(dist: str, module: str) -> str | None:
         top = module.split(".")[0]
         if exc.name is not None and (exc.name == top or exc.name.startswith(top + ".")):
             return (f"{dist} is not installed (import {module}: {exc}); "
-                    "pip install 'routerbench[kernels]'")
+                    "pip install -e '.[kernels]' in the checkout")
         return f"{dist} failed to import: ModuleNotFoundError: {exc}"
     except Exception as exc:  # noqa: BLE001 - any failure of a peer package makes it unavailable
         return f"{dist} failed to import: {type(exc).__name__}: {exc}"
