@@ -81,13 +81,14 @@ def all_runs(spec, corpus, device: torch.device) -> list[StudyRun]:
     return [r for *_, g in groups(spec, corpus, device) for r in g]
 
 
-def estimate_cost(spec, corpus, device: torch.device, left: dict[tuple[int, str], int],
+def estimate_cost(spec, corpus, device: torch.device, left: dict[tuple[int, str], float],
                   echo=print) -> dict:
     """Time ``spec.study.estimate_steps`` steps of each (depth, router) that has runs left and
     estimate what those runs cost (:data:`ESTIMATE_METHOD`).
 
     Args:
-        left: ``(depth, router)`` -> runs of it not yet complete.
+        left: ``(depth, router)`` -> runs of it not yet complete, each counted by the fraction of
+            its steps left (a run resumed at step 150 of 200 counts 0.25).
         echo: where each depth's line goes (printed as soon as the depth is timed).
 
     Returns:
@@ -128,7 +129,7 @@ def estimate_cost(spec, corpus, device: torch.device, left: dict[tuple[int, str]
         if line:
             total = sum(c["run_s"] * c["runs_left"] for c in line)
             fast, slow = min(line, key=lambda c: c["step_s"]), max(line, key=lambda c: c["step_s"])
-            echo(f"  depth {depth:3d}: {sum(c['runs_left'] for c in line)} runs, {fmt_duration(total)} "
+            echo(f"  depth {depth:3d}: {sum(c['runs_left'] for c in line):g} runs, {fmt_duration(total)} "
                  f"(step {fast['step_s'] * 1e3:.1f} ms {fast['router']} .. {slow['step_s'] * 1e3:.1f} ms "
                  f"{slow['router']})")
     probe.__exit__(None, None, None)

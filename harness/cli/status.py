@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -76,7 +77,9 @@ def status_cmd(run_dir) -> None:
     for key, step in steps.items():
         mode, router, *_ = key.split("|")
         seed = key.split("|")[-2]
-        click.echo(f"training:  {mode} {router} seed {seed} at step {step}: resumes from its checkpoint")
+        depth = re.search(r"n_layers=(\d+)", key)
+        at = f" L{depth.group(1)}" if depth and mode == "study" else ""
+        click.echo(f"training:  {mode}{at} {router} seed {seed} at step {step}: resumes from its checkpoint")
     ab = aborted_summary(d)
     click.echo(f"aborted:   {ab['units']} unit(s), {ab['rows']} row(s) in {d / ABORTED_DIR}")
     index = read_jsonl(d / ABORTED_DIR / "index.jsonl")

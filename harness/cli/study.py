@@ -59,18 +59,23 @@ def depth_cmd(config, **cli) -> None:
         click.echo(f"block layout: {layout['held']} held fixed at {layout['value']} for "
                    f"{', '.join(layout['routers'])} (depth: blocks x layers per block = {per})")
     with run.guarded(lambda: [r.key for r in runs]):
-        left: dict[tuple[int, str], int] = {}
+        from ..records import units
+        reached = {m["segment"]["case"]: m["segment"]["step"] for m in units(run.dir) if m.get("segment")}
+        left: dict[tuple[int, str], float] = {}  # runs left, a resumed run counted by its steps left
+        n_left = 0
         for r in runs:
             if r.key not in run.writer.completed:
-                left[(r.cfg.n_layers, r.router)] = left.get((r.cfg.n_layers, r.router), 0) + 1
+                n_left += 1
+                frac = 1 - reached.get(r.key, 0) / max(1, r.tc.max_steps)
+                left[(r.cfg.n_layers, r.router)] = left.get((r.cfg.n_layers, r.router), 0) + frac
         estimate = None
         if left:
             click.echo(f"estimate: timing {st.estimate_steps} steps of each router at each depth "
                        f"(after {spec.train_config(st.depths[0]).untimed_warmup} untimed) ...")
             estimate = estimate_cost(spec, corpus, run.device, left, echo=click.echo)
-            click.echo(f"estimate: {fmt_duration(estimate['total_s'])} for the {estimate['runs_left']} "
-                       f"run{'s' * (estimate['runs_left'] != 1)} left of {len(runs)} (steps, evaluations and "
-                       "set-up; checkpoints not counted)")
+            click.echo(f"estimate: {fmt_duration(estimate['total_s'])} for the {n_left} "
+                       f"run{'s' * (n_left != 1)} left of {len(runs)} (steps, evaluations and "
+                       "set-up, a resumed run by its steps left; checkpoints not counted)")
             pressure = estimate["machine"].get("cpu_pressure")
             if pressure is not None and pressure > THRESHOLDS["cpu_pressure_max"]:
                 click.echo(f"estimate: CPU pressure {pressure:.2f} while timing (tasks waited for a CPU "
