@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Callable
 
 import torch
 from torch import Tensor
+
+from ..impls import Impl
 
 
 def interpreting() -> bool:
@@ -66,3 +69,30 @@ def no_bias(name: str, bias: Tensor | None) -> None:
     if bias is not None:
         raise ValueError(f"impl {name}: the kernel takes no per-source logit bias "
                          "(haares / wav_v1 detail bias); it implements block_attnres and full_attnres only")
+
+
+#: Every mode: the naive-schedule peers all have a backward.
+ALL_MODES = ("fwd", "fwd_bwd", "train_step", "decode")
+
+
+def depth_mixer_impl(name: str, dist: str, kernel: Callable[[tuple, Tensor, Tensor | None, float], Tensor],
+                     probe: Callable[[], str | None], dtypes: tuple[str, ...], conventions: str,
+                     interpretable: bool = False) -> Impl:
+    """The :class:`routers.impls.Impl` of a kernel that replaces ``routers.mixer.depth_mix`` in the
+    naive schedule of ``block_attnres`` and ``full_attnres`` on CUDA.
+
+    ``kernel(sources, query, key_gain, eps) -> h`` calls the package; the mixer around it refuses a
+    per-source bias (:func:`no_bias`; none of the peers takes one, so they implement no detail
+    router), returns a read over one source as that source without calling the kernel (as
+    ``depth_mix`` does; FLA#883 was a wrong single-source read), and casts the result to the
+    sources' dtype (kernels that return bfloat16 whatever the input)."""
+    def mix(sources: tuple[Tensor, ...], query: Tensor, bias: Tensor | None, key_gain: Tensor | None,
+            eps: float) -> Tensor:
+        no_bias(name, bias)
+        if len(sources) == 1:
+            return sources[0]  # softmax over one source is 1
+        return kernel(sources, query, key_gain, eps).to(sources[0].dtype)
+    mix.__doc__ = kernel.__doc__
+    return Impl(name=name, routers=("block_attnres", "full_attnres"), schedule="naive", mix=mix,
+                devices=("cuda",), dtypes=dtypes, modes=ALL_MODES, package=dist, probe=probe,
+                conventions=conventions, interpretable=interpretable)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..impls import Impl
 from . import _common
 
 DIST = "fast-attnres"
@@ -35,32 +34,18 @@ def probe() -> str | None:
                                               "tensors'; custom ops registered for cuda only"))
 
 
-def mix(sources: tuple[Tensor, ...], query: Tensor, bias: Tensor | None, key_gain: Tensor | None,
-        eps: float) -> Tensor:
+def kernel(sources: tuple[Tensor, ...], query: Tensor, key_gain: Tensor | None, eps: float) -> Tensor:
     """``routers.mixer.depth_mix`` through ``attnres.attnres`` (module doc; IMPL.conventions)."""
-    _common.no_bias(NAME, bias)
-    if len(sources) == 1:
-        return sources[0]  # softmax over one source is 1, as depth_mix
     if sources[0].dtype != torch.bfloat16:
         raise TypeError(f"impl {NAME}: fast-attnres takes bfloat16 sources only, got {sources[0].dtype}")
     from attnres import attnres
     # a key gain folds into the query: w·RMSNorm_g(V) = (g ⊙ w)·RMSNorm(V)
     q = query if key_gain is None else query * key_gain
-    h = attnres(tuple(sources), q.to(torch.bfloat16), eps=eps, scale=1.0)
-    return h.to(sources[0].dtype)
+    return attnres(tuple(sources), q.to(torch.bfloat16), eps=eps, scale=1.0)
 
 
-IMPL = Impl(
-    name=NAME,
-    routers=("block_attnres", "full_attnres"),
-    schedule="naive",
-    mix=mix,
-    devices=("cuda",),
-    dtypes=("bfloat16",),
-    modes=("fwd", "fwd_bwd", "train_step", "decode"),
-    package=DIST,
-    probe=probe,
-    conventions=(
+IMPL = _common.depth_mixer_impl(NAME, DIST, kernel, probe, dtypes=("bfloat16",),
+                                 conventions=(
         "Triton kernels (CUDA custom ops) attnres.attnres(values [n × (B,T,d)], query (R,), eps=2**-23, "
         "scale=1.0): keys = RMSNorm of the last R coordinates, no gain; R = d here (standard AttnRes, "
         "not the sliced LR-AttnRes); logits scale·q·k; softmax with float32 accumulators; CUDA "
@@ -68,5 +53,4 @@ IMPL = Impl(
         "package's 2**-23); scale = 1.0 (no temperature, as ours); our key gain folded into the "
         "query (g ⊙ w), cast to bfloat16. No per-source bias: no haares / wav_v1. A read over one "
         "source returns that source without calling the kernel, as depth_mix does. CUDA only, even "
-        "under TRITON_INTERPRET=1 (RuntimeError 'attnres requires CUDA tensors')."),
-)
+        "under TRITON_INTERPRET=1 (RuntimeError 'attnres requires CUDA tensors')."))

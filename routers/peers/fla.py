@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..impls import Impl
 
 from . import _common
 
@@ -41,32 +40,18 @@ def probe() -> str | None:
                                               "requires CUDA tensors' for CPU tensors"))
 
 
-def mix(sources: tuple[Tensor, ...], query: Tensor, bias: Tensor | None, key_gain: Tensor | None,
-        eps: float) -> Tensor:
+def kernel(sources: tuple[Tensor, ...], query: Tensor, key_gain: Tensor | None, eps: float) -> Tensor:
     """``routers.mixer.depth_mix`` through ``fused_attnres`` (module doc; IMPL.conventions)."""
-    _common.no_bias(NAME, bias)
-    if len(sources) == 1:
-        return sources[0]  # softmax over one source is 1, as depth_mix (FLA#883: wrong single-source read)
     from fla.ops.attnres import fused_attnres
     srcs = [s.contiguous() for s in sources]
     srcs = [s if s.data_ptr() % 16 == 0 else s.clone() for s in srcs]   # the kernel asserts alignment
     gain = key_gain if key_gain is not None else query.new_ones(query.shape)
-    h = fused_attnres(query, srcs, gain, output_rms_weight=None, rms_eps=eps, scale=1.0,
-                      return_weights=False, checkpoint_level=1)
-    return h.to(sources[0].dtype)
+    return fused_attnres(query, srcs, gain, output_rms_weight=None, rms_eps=eps, scale=1.0,
+                         return_weights=False, checkpoint_level=1)
 
 
-IMPL = Impl(
-    name=NAME,
-    routers=("block_attnres", "full_attnres"),
-    schedule="naive",
-    mix=mix,
-    devices=("cuda",),
-    dtypes=("float32", "bfloat16", "float16"),
-    modes=("fwd", "fwd_bwd", "train_step", "decode"),
-    package=DIST,
-    probe=probe,
-    conventions=(
+IMPL = _common.depth_mixer_impl(NAME, DIST, kernel, probe, dtypes=("float32", "bfloat16", "float16"),
+                                 conventions=(
         "Triton kernel fla.ops.attnres.fused_attnres(query (d,), residuals [n × (B,T,d)], rms_weight, "
         "output_rms_weight, rms_eps, scale): keys RMSNorm(V)·rms_weight, logits scale·q·k, online "
         "softmax in float32, output in the sources' dtype, Triton backward. Mapping: rms_weight = our "
@@ -77,5 +62,4 @@ IMPL = Impl(
         "as depth_mix does (FLA#883). Sources made contiguous and 16-byte aligned (the kernel "
         "asserts it). float64 is not offered (the kernel computes in float32). CUDA only, even under "
         "TRITON_INTERPRET=1: the wrapper refuses CPU tensors (ValueError 'Triton attnres requires "
-        "CUDA tensors')."),
-)
+        "CUDA tensors')."))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..impls import Impl
 from . import _common
 
 DIST = "liger-kernel"
@@ -36,34 +35,19 @@ def probe() -> str | None:
             or _common.triton_device_reason(DIST))
 
 
-def mix(sources: tuple[Tensor, ...], query: Tensor, bias: Tensor | None, key_gain: Tensor | None,
-        eps: float) -> Tensor:
+def kernel(sources: tuple[Tensor, ...], query: Tensor, key_gain: Tensor | None, eps: float) -> Tensor:
     """``routers.mixer.depth_mix`` through ``LigerAttnResFunction`` (module doc; IMPL.conventions)."""
-    _common.no_bias(NAME, bias)
-    if len(sources) == 1:
-        return sources[0]  # softmax over one source is 1, as depth_mix
     from liger_kernel.ops.attn_res import LigerAttnResFunction
     values = torch.stack(tuple(sources), dim=0)                       # (n, B, T, d), as depth_mix
     # w_norm in float32 (our gain cast, or ones): the kernel casts the normalised key to w_norm's
     # dtype before the gain, so a bfloat16 w_norm would round it and compute the gain in bfloat16
     gain = (key_gain.to(torch.float32) if key_gain is not None
             else torch.ones(query.shape, dtype=torch.float32, device=query.device))
-    h = LigerAttnResFunction.apply(values, query, gain, eps)
-    return h.to(sources[0].dtype)
+    return LigerAttnResFunction.apply(values, query, gain, eps)
 
 
-IMPL = Impl(
-    name=NAME,
-    routers=("block_attnres", "full_attnres"),
-    schedule="naive",
-    mix=mix,
-    devices=("cuda",),
-    dtypes=("float32", "bfloat16", "float16"),
-    modes=("fwd", "fwd_bwd", "train_step", "decode"),
-    package=DIST,
-    probe=probe,
-    interpretable=True,
-    conventions=(
+IMPL = _common.depth_mixer_impl(NAME, DIST, kernel, probe, dtypes=("float32", "bfloat16", "float16"), interpretable=True,
+                                 conventions=(
         "Triton kernel LigerAttnResFunction.apply(V (n,B,T,d) stacked, w_query (d,), w_norm (d,), eps): "
         "keys RMSNorm(V)·w_norm, logits w_query·k with no temperature (as ours), softmax in float32, "
         "output in V's dtype, Triton backward. Mapping: the adapter stacks the sources (a copy, as "
@@ -74,5 +58,4 @@ IMPL = Impl(
         "wav_v1. A read over one source returns that source without calling the kernel, as "
         "depth_mix does. Needs liger-kernel >= 0.8.5 "
         "(Liger-Kernel#1344: sources past 32 dropped before). float64 is not offered (the kernel "
-        "computes in float32). No autotuning: runs on CPU under TRITON_INTERPRET=1."),
-)
+        "computes in float32). No autotuning: runs on CPU under TRITON_INTERPRET=1."))
