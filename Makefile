@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test bench venv
+.PHONY: run test bench golden venv
 
 venv:
 	@VENV=$(VENV) bash scripts/setup_env.sh
@@ -18,3 +18,7 @@ test: venv
 ## make bench: the pytest-benchmark suite (tests/benchmarks)
 bench: venv
 	$(PY) -m pytest tests/benchmarks --benchmark-only $(ARGS)
+
+## make golden: rewrite tests/golden/behaviour.json (what the tiny sweep and training run record); read its git diff
+golden: venv
+	$(PY) -m pytest -q tests/test_golden.py --update-golden -p no:cacheprovider

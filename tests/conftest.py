@@ -13,3 +13,8 @@ def no_models(monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError("a model was built before the bad option was reported")
     monkeypatch.setattr(workloads.decoder.Decoder, "__init__", forbidden)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/behaviour.json from this tree (make golden)")
