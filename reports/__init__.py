@@ -1,17 +1,29 @@
 """Results -> pandas tables, seaborn figures and the per-GPU report (DESIGN.md, "Results").
 
-``build_report(run_dirs, out_dir)`` is the entry point of ``routerbench report``; the tables and
-figures it is made of are importable on their own from :mod:`reports.tables` and
-:mod:`reports.figures`.
+``build_report(run_dirs, out_dir)`` (:mod:`reports.report`) is the entry point of ``routerbench
+report``. What it is made of is importable on its own: the long frame (:mod:`reports.frame`),
+tables (:mod:`reports.tables`, :mod:`reports.paired`, :mod:`reports.floor`, :mod:`reports.impls`),
+the training race (:mod:`reports.training`, :mod:`reports.race`), figures
+(:mod:`reports.time_figures`, :mod:`reports.count_figures`, :mod:`reports.training_figures`, on
+:mod:`reports.plotting`), sentences (:mod:`reports.sentences`, :mod:`reports.summary`), and the
+documents (:mod:`reports.sections`, :mod:`reports.render`).
 """
 
 from __future__ import annotations
 
-from .figures import compile_vs_eager, flops_vs_depth, loss_curves, step_time_overhead_vs_width
-from .paired import paired_ratio_figure, paired_ratio_table
-from .render import build_report, environment_table
-from .tables import (failures, load_frame, overhead_table, step_time_summary,
-                     training_by_router, training_summary)
+#: What this package may import (DESIGN.md, "Layers"; checked by tests/test_layers.py): the
+#: records and what counts and trains, never how a sweep runs.
+MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.timing", "harness.costs",
+              "harness.training")
+
+from .count_figures import flops_vs_depth  # noqa: E402
+from .environment import environment_table  # noqa: E402
+from .frame import load_frame  # noqa: E402
+from .paired import paired_ratio_figure, paired_ratio_table  # noqa: E402
+from .report import build_report  # noqa: E402
+from .tables import failures, overhead_table, step_time_summary, training_by_router, training_summary  # noqa: E402
+from .time_figures import compile_vs_eager, step_time_overhead_vs_width  # noqa: E402
+from .training_figures import loss_curves  # noqa: E402
 
 __all__ = [
     "build_report", "load_frame", "step_time_summary", "overhead_table", "training_summary",

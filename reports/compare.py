@@ -24,16 +24,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only
 
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from . import paired, render, tables  # noqa: E402
-from .figures import save_png  # noqa: E402
+from . import frame, paired, render, tables  # noqa: E402
+from .plotting import save_png  # noqa: E402
 
 #: What makes two runs' step times the same case (run and device may differ).
 CASE = ("router", "options", "impl", "backend", "compile_mode", "mode", "workload",
-        *tables.SHAPE_COLS)
+        *frame.SHAPE_COLS)
 #: A paired ratio's case also names its seed (pairs are timed per seed).
 PAIRED_CASE = (*CASE, "seed")
 #: Shown columns of a case: router (options), impl, backend[:compile mode], mode, shape.
@@ -73,7 +72,7 @@ def load_runs(run_dirs: list[Path | str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     two machines) stay apart.
 
     Returns:
-        (frame of :func:`reports.tables.load_frame` with ``run_id`` = the run label plus a
+        (frame of :func:`reports.frame.load_frame` with ``run_id`` = the run label plus a
         ``device_name`` column, runs table: ``label``, ``run_id``, ``device_name``, ``torch``,
         ``git_sha``, ``dir``), in the order given.
 
@@ -81,14 +80,14 @@ def load_runs(run_dirs: list[Path | str]) -> tuple[pd.DataFrame, pd.DataFrame]:
         NothingToCompare: fewer than two run directories.
         FileNotFoundError: a directory without ``records.jsonl``.
     """
-    paths = tables.run_dir_paths(run_dirs)
+    paths = frame.run_dir_paths(run_dirs)
     if len(paths) < 2:
         raise NothingToCompare(f"{len(paths)} run given ({paths[0]}): compare needs two or more "
                                "run directories (or folders holding them)")
     frames, runs = [], []
     for d in paths:
-        f = tables.load_frame([d])
-        manifest = next(iter(tables.load_manifests([d]).values()), {})
+        f = frame.load_frame([d])
+        manifest = next(iter(frame.load_manifests([d]).values()), {})
         env = manifest.get("environment") or {}
         run_id = next(iter(f["run_id"].unique()), "") or manifest.get("run_id") or d.name
         device = env.get("device_name") or manifest.get("device_name") or env.get("device_slug") \
@@ -144,7 +143,7 @@ def paired_compare(df: pd.DataFrame, labels: list[str]) -> tuple[pd.DataFrame, p
     t["cell"] = [f"{r:.3f} " + ("[–]" if math.isnan(lo) or math.isnan(hi) else f"[{lo:.3f}, {hi:.3f}]")
                  for r, lo, hi in zip(t["ratio"], t["ratio_lo"], t["ratio_hi"])]
     wide = _by_run(t, PAIRED_CASE, "cell", labels)
-    wide = tables.sort_cases(wide[wide.notna().all(axis=1)].reset_index())
+    wide = frame.sort_cases(wide[wide.notna().all(axis=1)].reset_index())
     t = t.merge(wide[list(PAIRED_CASE)], on=list(PAIRED_CASE))  # common cases only
     side = _shown(wide)[[*SHOWN, *labels]].reset_index(drop=True)
     t = t.assign(_run=t["run_id"].map(labels.index)).sort_values("_run", kind="stable")
@@ -165,7 +164,7 @@ def step_time_compare(df: pd.DataFrame, labels: list[str]) -> tuple[pd.DataFrame
     some = have.any(axis=1) & ~have.all(axis=1)
     partial = med[some].reset_index().assign(
         **{"in runs": [", ".join(lbl for lbl in labels if h[lbl]) for _, h in have[some].iterrows()]})
-    common = tables.sort_cases(med[have.all(axis=1)].reset_index())
+    common = frame.sort_cases(med[have.all(axis=1)].reset_index())
     first, ratios = labels[0], [f"{lbl} / {labels[0]}" for lbl in labels[1:]]
     common = common.assign(**{r: common[lbl] / common[first] for r, lbl in zip(ratios, labels[1:])},
                            **{f"{first} (ms)": common[first]})

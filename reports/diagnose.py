@@ -1,5 +1,5 @@
 """Figures and CSVs of ``routerbench diagnose``: what a trained router learned (the numbers come
-from :mod:`harness.diagnose`).
+from :mod:`harness.training.diagnose`).
 
 Files written into the output directory (default ``RUN_DIR/diagnose/``):
 
@@ -26,15 +26,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from harness.diagnose import TrainedRun, diagnose_run_dir
+from harness.training.diagnose import TrainedRun, diagnose_run_dir
 
-from .figures import save_png
+from .plotting import save_png
 
 RUN_COLUMNS = ("run", "case_key", "router", "seed", "mode", "step")
 
 
 def frames(results: list[tuple[TrainedRun, dict[str, list[dict]]]]) -> dict[str, pd.DataFrame]:
-    """The long frames ``weights``, ``bias``, ``rms`` of :func:`harness.diagnose.diagnose_run_dir`'s
+    """The long frames ``weights``, ``bias``, ``rms`` of :func:`harness.training.diagnose.diagnose_run_dir`'s
     results, each row prefixed with its run's columns (:data:`RUN_COLUMNS`); ``share`` derived
     from ``weights``: per run and read, ``detail_share`` (sum of detail weights, unitless),
     ``n_detail``, ``n_sources`` (runs of routers with detail bases only)."""

@@ -1,4 +1,4 @@
-"""The physical floor of a router's overhead (issue 10, item 6).
+"""The physical floor of a router's overhead (MEASUREMENT.md, "Noise on shared machines").
 
 A router's extra work is memory-bound, so its least possible cost is its extra bytes over the
 device's memory bandwidth. Per paired case of the cost sweep:
@@ -12,7 +12,7 @@ sublayer, in units of d elements, every input of a fused step read once and ever
 once, block routers on the two-phase schedule, parameters amortised to 0, the readout not counted.
 prenorm's own 3d (read h, read u, write h) is subtracted, so the floor is the traffic a router adds
 to the standard residual. The bandwidth is the run's own ``mem_bandwidth`` rows
-(:mod:`harness.bandwidth`, a timed device-to-device copy), median over repeats.
+(:mod:`harness.costs.bandwidth`, a timed device-to-device copy), median over repeats.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.bandwidth import METRIC, NOMINAL_METRIC
-from routers import build_router
+from harness.costs.bandwidth import METRIC, NOMINAL_METRIC
+from harness.rundir.records import COLUMNS as RECORD_COLUMNS
+from routers import BASELINE, build_router
 from workloads.config import DTYPES
 
-from . import tables
+from . import frame
 from .paired import paired_ratio_table
 
 #: Bytes of a step as a multiple of the forward's, per mode (the byte model of the backward).
@@ -55,7 +56,7 @@ NO_TABLE = ("No floor: it needs paired step times of prenorm and another router 
             "fwd, fwd_bwd or train_step (a run with a mem_bandwidth row gives the floor in ms).")
 
 COLUMNS = ["run_id", "router", "options", "impl", "variant", "backend", "compile_mode", "mode",
-           "workload", *tables.SHAPE_COLS, "device", "extra_bytes", "bandwidth_gbs", "nominal_gbs",
+           "workload", *frame.SHAPE_COLS, "device", "extra_bytes", "bandwidth_gbs", "nominal_gbs",
            "floor_ms", "prenorm_ms", "floor_share_pct", "paired_overhead_pct", "over_floor"]
 #: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).
 COLUMN_STYLE = {
@@ -85,7 +86,7 @@ def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict |
     """
     opts = {k: v for k, v in (options or {}).items() if k != "impl"}
     key = json.dumps(opts, sort_keys=True)
-    return _io(router, d_model, n_layers, key) - _io(tables.BASELINE, d_model, n_layers, "{}")
+    return _io(router, d_model, n_layers, key) - _io(BASELINE, d_model, n_layers, "{}")
 
 
 def extra_router_bytes(router: str, *, d_model: int, n_layers: int, seq_len: int, batch_size: int,
@@ -111,7 +112,7 @@ def _bandwidth(df: pd.DataFrame, metric: str, name: str) -> pd.DataFrame:
     """Median of the run-level ``metric`` rows (``df.attrs["run_rows"]`` of a loaded frame) per run
     and device."""
     run_rows = df.attrs.get("run_rows")
-    rows = tables.ok_rows(pd.DataFrame(run_rows, columns=df.columns.intersection(list(tables.COLUMNS)))
+    rows = frame.ok_rows(pd.DataFrame(run_rows, columns=df.columns.intersection(list(RECORD_COLUMNS)))
                           if run_rows is not None else df, metric)
     return rows.groupby(["run_id", "device"])["value"].median().rename(name).reset_index()
 
@@ -121,7 +122,7 @@ def floor_table(df: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.Data
     measured overhead.
 
     Args:
-        df: a frame of :func:`reports.tables.load_frame`.
+        df: a frame of :func:`reports.frame.load_frame`.
         paired: :func:`reports.paired.paired_ratio_table` of ``df``, when already computed.
 
     Returns:

@@ -1,5 +1,5 @@
 """Implementations side by side: each impl's step time relative to the fastest impl of its case,
-with the parity error that let it be timed (:mod:`harness.parity`).
+with the parity error that let it be timed (:mod:`harness.sweep.parity`).
 
 A case here is a router, its options, backend, compile mode, mode, workload and shape; its impls
 (``naive``, ``two_phase``, peer kernels of ``routers/peers/``) are compared by median step time.
@@ -18,10 +18,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from . import tables  # noqa: E402
+from routers.impls import BLOCK_ROUTERS  # noqa: E402
+
+from . import frame  # noqa: E402
+from .plotting import save_png  # noqa: E402
 
 #: What makes a case; impls of one case are compared.
-CASE = ("run_id", "router", "options", "backend", "compile_mode", "mode", "workload", *tables.SHAPE_COLS)
+CASE = ("run_id", "router", "options", "backend", "compile_mode", "mode", "workload", *frame.SHAPE_COLS)
 COLUMNS = [*CASE, "impl", "median_ms", "vs_fastest", "parity_error", "parity"]
 COLUMN_STYLE = {"vs_fastest": ("step time / fastest impl (×)", "{:.3f}"),
                 "parity_error": ("parity error vs naive (max rel)", "{:.1e}"), "parity": ("parity", None)}
@@ -40,13 +43,12 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
         the smallest median of the case's impls), ``parity_error`` (NaN for naive) and ``parity``
         (``ok``, the failure message, or ``reference`` for naive).
     """
-    from routers.impls import BLOCK_ROUTERS
-    cost = tables.cost_rows(df)
+    cost = frame.cost_rows(df)
     cost = cost[cost["router"].isin(BLOCK_ROUTERS)]
     if cost.empty:
         return pd.DataFrame(columns=COLUMNS)
-    st = tables.ok_rows(cost, "step_time")
-    med = (st.assign(value=st["value"] * st["unit"].map(tables.TO_MS).fillna(1.0))
+    st = frame.ok_rows(cost, "step_time")
+    med = (st.assign(value=st["value"] * st["unit"].map(frame.TO_MS).fillna(1.0))
            .groupby([*CASE, "impl"], dropna=False)["value"].median().rename("median_ms").reset_index())
     par = cost[cost["metric"] == "parity_error"]
     par = par.groupby([*CASE, "impl"], dropna=False).agg(
@@ -66,7 +68,7 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)
     t["vs_fastest"] = t["median_ms"] / t.groupby(list(CASE), dropna=False)["median_ms"].transform("min")
-    return tables.sort_cases(t)[COLUMNS].reset_index(drop=True)
+    return frame.sort_cases(t)[COLUMNS].reset_index(drop=True)
 
 
 def impl_figure(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
@@ -95,7 +97,6 @@ def impl_figure(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     ax.set_xlabel("step time / fastest impl of the case (×); label: parity error vs naive")
     ax.set_ylabel("")
     ax.set_title("Implementations: step time relative to the fastest, with their parity error")
-    from .figures import save_png
     return save_png(fig, out)
 
 

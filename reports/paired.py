@@ -1,10 +1,10 @@
 """Paired timing results: each router's per-pair ratio to prenorm with a bootstrap interval.
 
-Rows come from :mod:`harness.paired`: ``step_time`` rows with a ``pair`` column, written by one
+Rows come from :mod:`harness.timing.paired`: ``step_time`` rows with a ``pair`` column, written by one
 session that timed a group (same run, backend, compile mode, mode, workload, shape, seed) in
 interleaved rounds. A router's round ``i`` is divided by prenorm's round ``i`` of the same session;
 the table gives the median of those ratios with a percentile-bootstrap interval over pairs
-(:func:`harness.paired.bootstrap_ratio_ci`), and each side's median and IQR over the same pairs.
+(:func:`harness.stats.bootstrap.bootstrap_ratio_ci`), and each side's median and IQR over the same pairs.
 
 The interval covers noise within one run, not drift between runs (MEASUREMENT.md, "Timing"):
 with two or more runs of the same cases the figure puts their ratios side by side, so agreement
@@ -14,6 +14,7 @@ is shown, never asserted.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import matplotlib
 
@@ -23,17 +24,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from harness import noise
-from harness.paired import bootstrap_ratio_ci, median_iqr  # noqa: E402
+from harness.stats.bootstrap import bootstrap_ratio_ci  # noqa: E402
+from harness.timing import noise  # noqa: E402
+from harness.timing.timer import median_iqr  # noqa: E402
+from routers import BASELINE  # noqa: E402
 
-from . import tables  # noqa: E402
+from . import frame  # noqa: E402
+from .plotting import save_png  # noqa: E402
 
 #: Rows timed together: one session of one run at one setting and shape.
 PAIR_KEYS = ("run_id", "session", "backend", "compile_mode", "mode", "workload",
-             *tables.SHAPE_COLS, "device", "seed")
+             *frame.SHAPE_COLS, "device", "seed")
 VARIANT_KEYS = ("router", "options", "impl", "variant")
 #: What must match for two runs' ratios to be the same case (run, session and device may differ).
-SAME_CASE = ("backend", "compile_mode", "mode", "workload", *tables.SHAPE_COLS, "seed", "variant")
+SAME_CASE = ("backend", "compile_mode", "mode", "workload", *frame.SHAPE_COLS, "seed", "variant")
 CONF = 0.95
 COLUMNS = [*(k for k in PAIR_KEYS if k != "session"), *VARIANT_KEYS, "pairs", "median_ms",
            "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi", "attempts",
@@ -62,9 +66,35 @@ NO_DATA = "No data for this figure: it needs paired step times of prenorm and an
 
 def paired_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The ``ok`` ``step_time`` rows of the cost sweep that carry a ``pair``, values in ms."""
-    st = tables.ok_rows(tables.cost_rows(df), "step_time")
+    st = frame.ok_rows(frame.cost_rows(df), "step_time")
     st = st[st["pair"].notna()]
-    return st.assign(value=st["value"] * st["unit"].map(tables.TO_MS).fillna(1.0))
+    return st.assign(value=st["value"] * st["unit"].map(frame.TO_MS).fillna(1.0))
+
+
+def pairs_by_variant(df: pd.DataFrame) -> Iterator[dict]:
+    """The pairs behind every ratio to prenorm, grouped as :func:`paired_ratio_table` groups them:
+    per group of :data:`PAIR_KEYS` (one session of one run at one setting and shape) and per
+    variant other than prenorm, the rounds both sides timed, in order.
+
+    Yields:
+        ``group`` and ``variant_keys`` (dicts of those columns), ``prenorm`` and ``times`` (ms,
+        round by round; each round's median where a round holds several rows), and the rows of
+        each side (``base_rows``, ``rows``). Groups without prenorm yield nothing; of several
+        prenorm variants in a group, the first in name order is the baseline.
+    """
+    for gk, g in paired_rows(df).groupby(list(PAIR_KEYS), dropna=False, sort=False):
+        base_rows = g[g["router"] == BASELINE]
+        if base_rows.empty:
+            continue
+        base_rows = base_rows[base_rows["variant"] == sorted(base_rows["variant"].unique())[0]]
+        base = base_rows.groupby("pair")["value"].median()
+        for vk, v in g[g["router"] != BASELINE].groupby(list(VARIANT_KEYS), sort=False):
+            mine = v.groupby("pair")["value"].median()
+            common = mine.index.intersection(base.index).sort_values()
+            if len(common):
+                yield {"group": dict(zip(PAIR_KEYS, gk)), "variant_keys": dict(zip(VARIANT_KEYS, vk)),
+                       "prenorm": base[common].tolist(), "times": mine[common].tolist(),
+                       "base_rows": base_rows, "rows": v}
 
 
 def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
@@ -72,51 +102,40 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
     """Every paired router against the prenorm of its group, pair by pair.
 
     Args:
-        df: a frame of :func:`reports.tables.load_frame`.
-        n_boot, conf, seed: of :func:`harness.paired.bootstrap_ratio_ci`.
+        df: a frame of :func:`reports.frame.load_frame`.
+        n_boot, conf, seed: of :func:`harness.stats.bootstrap.bootstrap_ratio_ci`.
 
     Returns:
         :data:`COLUMNS`: the group and variant, ``pairs`` (rounds present on both sides),
         ``median_ms``/``iqr_ms`` (router) and ``prenorm_ms``/``prenorm_iqr_ms`` over those
         rounds, ``ratio`` (median of router/prenorm per round), ``ratio_lo``/``ratio_hi`` (the
         bootstrap interval), ``attempts`` (timings of the group; the last is used) and ``noisy``
-        (why the last timing of either side crossed a threshold of :mod:`harness.noise`, ``""``
+        (why the last timing of either side crossed a threshold of :mod:`harness.timing.noise`, ``""``
         when quiet; thresholds from ``df.attrs["noise_thresholds"]``, else the defaults). Groups
         without prenorm give no rows; empty input, an empty frame.
     """
-    rows = paired_rows(df)
     why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
-    for gk, g in rows.groupby(list(PAIR_KEYS), dropna=False, sort=False):
-        base_rows = g[g["router"] == tables.BASELINE]
-        if base_rows.empty:
-            continue
-        # one prenorm per group; should several variants exist, the first in name order
-        base_rows = base_rows[base_rows["variant"] == sorted(base_rows["variant"].unique())[0]]
-        base = base_rows.groupby("pair")["value"].median()
-        for vk, v in g[g["router"] != tables.BASELINE].groupby(list(VARIANT_KEYS), sort=False):
-            mine = v.groupby("pair")["value"].median()
-            common = mine.index.intersection(base.index).sort_values()
-            if common.empty:
-                continue
-            a, b = base[common].tolist(), mine[common].tolist()
-            ratio, lo, hi = bootstrap_ratio_ci(a, b, n_boot=n_boot, conf=conf, seed=seed)
-            (med, iqr), (bmed, biqr) = median_iqr(b), median_iqr(a)
-            reasons = [f"{side}: {r}" for side, rows_ in (("router", v), ("prenorm", base_rows))
-                       for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
-            out.append({**dict(zip(PAIR_KEYS, gk)), **dict(zip(VARIANT_KEYS, vk)),
-                        "pairs": len(common), "median_ms": med, "iqr_ms": iqr, "prenorm_ms": bmed,
-                        "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
-                        "attempts": int(v["attempts"].max()) if "attempts" in v else 1,
-                        "noisy": "; ".join(reasons)})
+    for p in pairs_by_variant(df):
+        a, b = p["prenorm"], p["times"]
+        ratio, lo, hi = bootstrap_ratio_ci(a, b, n_boot=n_boot, conf=conf, seed=seed)
+        (med, iqr), (bmed, biqr) = median_iqr(b), median_iqr(a)
+        reasons = [f"{side}: {r}" for side, rows_ in (("router", p["rows"]), ("prenorm", p["base_rows"]))
+                   for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
+        v = p["rows"]
+        out.append({**p["group"], **p["variant_keys"],
+                    "pairs": len(a), "median_ms": med, "iqr_ms": iqr, "prenorm_ms": bmed,
+                    "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
+                    "attempts": int(v["attempts"].max()) if "attempts" in v else 1,
+                    "noisy": "; ".join(reasons)})
     if not out:
         return pd.DataFrame(columns=COLUMNS)
-    return tables.sort_cases(pd.DataFrame(out))[COLUMNS].reset_index(drop=True)
+    return frame.sort_cases(pd.DataFrame(out))[COLUMNS].reset_index(drop=True)
 
 
 #: What the eager and the compiled step of one router share to be paired: the same unit of
 #: resume (one interleaved group; rounds of different groups are not pairs) and case.
-EAGER_KEYS = ("run_id", "session", "resume_unit", "mode", "workload", *tables.SHAPE_COLS, "device",
+EAGER_KEYS = ("run_id", "session", "resume_unit", "mode", "workload", *frame.SHAPE_COLS, "device",
               "seed", "router", "options", "impl", "variant")
 EAGER_COLUMNS = [*(k for k in EAGER_KEYS if k != "resume_unit"), "backend",
                  "compile_mode", "pairs", "eager_ms", "median_ms", "paired_vs_eager", "paired_vs_eager_lo",
@@ -126,13 +145,13 @@ EAGER_COLUMNS = [*(k for k in EAGER_KEYS if k != "resume_unit"), "backend",
 def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
                           seed: int = 0) -> pd.DataFrame:
     """Each compiled (or graph-replayed) step against the eager step of the same router, impl and
-    shape timed in the same interleaved group, pair by pair (``harness.paired.group_key``).
+    shape timed in the same interleaved group, pair by pair (``harness.sweep.plan.group_key``).
 
     Returns:
         :data:`EAGER_COLUMNS`: ``paired_vs_eager`` (median over rounds of that backend's time / the eager
         time of the same round; below 1 is faster) with its bootstrap interval, ``eager_ms`` and
         ``median_ms`` over the common rounds, ``noisy`` (why either side's last timing crossed a
-        threshold of :mod:`harness.noise`, ``""`` when quiet). Runs that timed the backends in separate groups
+        threshold of :mod:`harness.timing.noise`, ``""`` when quiet). Runs that timed the backends in separate groups
         (older runs) give no rows: their "vs eager" is unpaired (``tables.backend_table``).
     """
     rows = paired_rows(df)
@@ -163,8 +182,8 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
 
 def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None,
                   by_session: bool = False) -> dict:
-    """case key -> why its last timing was noisy (:func:`harness.noise.noise_reasons` of its
-    noise readings under ``thresholds``, default :data:`harness.noise.THRESHOLDS`); quiet cases
+    """case key -> why its last timing was noisy (:func:`harness.timing.noise.noise_reasons` of its
+    noise readings under ``thresholds``, default :data:`harness.timing.noise.THRESHOLDS`); quiet cases
     and cases without readings (records from before noise was measured) are absent. Readings of
     different sessions are judged apart (a benchmark JSON times prenorm once per benchmark, each
     its own session): with ``by_session`` the keys are ``(case key, session)``, else a case's
@@ -252,11 +271,10 @@ def paired_ratio_figure(df: pd.DataFrame, out_dir: Path | str,
                     bbox_to_anchor=(1.0, 0.95), frameon=False)
     g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI"
                       + (", repeated runs side by side" if compare else ""), y=1.03)
-    from .figures import save_png
     return save_png(g.figure, Path(out_dir) / "paired_ratios.png", 110)
 
 
-#: Figures of this module, by name (the report adds them to :data:`reports.figures.FIGURES`).
+#: Figures of this module, by name (the report adds them to :data:`reports.time_figures.FIGURES`).
 FIGURES = {"paired_ratios": paired_ratio_figure}
 
 __all__ = ["paired_rows", "paired_ratio_table", "paired_ratio_figure", "FIGURES", "COLUMN_STYLE",

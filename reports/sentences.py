@@ -87,7 +87,7 @@ def fmt_seeds(seeds: Iterable[Any]) -> str:
 
 def fmt_per_seed(per_seed: Mapping[Any, Any]) -> str:
     """Per-seed ratios in seed order: a number with two decimals, or the string of
-    :func:`harness.stats.paired_ratio` ("> 1.23", "diverged", ...)."""
+    :func:`harness.stats.seeds.paired_ratio` ("> 1.23", "diverged", ...)."""
     return ", ".join(v if isinstance(v, str) else fmt_ratio(v)
                      for _, v in sorted(per_seed.items()))
 
@@ -97,7 +97,7 @@ def _seeds_word(n: int) -> str:
 
 
 def training_sentence(row: Mapping[str, Any], prefix: str = "") -> str:
-    """One sentence for a row of :func:`reports.training.comparison_table`, after ``prefix``
+    """One sentence for a row of :func:`reports.race.comparison_table`, after ``prefix``
     (e.g. ``"[run r1, eager] "`` when several runs are reported together).
 
     Quotes the time-to-target ratio with its interval and seed count, its two factors (steps and

@@ -1,12 +1,12 @@
 """The depth study's report (``routerbench study depth``): the papers' table and two figures.
 
-From the rows of a study run directory (mode ``study``, :mod:`harness.study`):
+From the rows of a study run directory (mode ``study``, :mod:`harness.training.study`):
 
 - :func:`study_runs`: one row per run (router, depth, seed, status, loss at the token budget);
 - :func:`depth_table`: per router and depth, the validation loss at the token budget (mean over
   seeds and per-seed values), and against ``block_attnres`` at the same depth, paired by seed: the
   mean difference Δ, the perplexity change 100·(exp(Δ) − 1) and a paired t-test over seeds
-  (:func:`harness.stats.paired_t`; one seed gives "one seed: no test");
+  (:func:`harness.stats.seeds.paired_t`; one seed gives "one seed: no test");
 - figures ``loss_vs_depth`` and ``gain_vs_depth``, each with the CSV of what it draws beside it;
 - :func:`write_study`: ``study.md``, ``study.html``, ``study_table.csv``, ``study_runs.csv`` in
   the run directory, and the text the command prints.
@@ -25,10 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness import stats
-from harness.records import MANIFEST_FILE, load_rows
+from harness.rundir.records import MANIFEST_FILE, load_rows
+from harness.stats import seeds
 
 from . import sentences as say
+from .plotting import save_png
+from .render import Section, render_html, render_markdown
 
 STUDY_MODE = "study"
 BASELINE = "block_attnres"
@@ -71,7 +73,7 @@ def _per_seed(losses: dict[int, float]) -> str:
 
 
 def depth_table(runs: pd.DataFrame, order: list[str] | None = None, baseline: str = BASELINE,
-                conf: float = stats.CONF) -> pd.DataFrame:
+                conf: float = seeds.CONF) -> pd.DataFrame:
     """The papers' table: per router and depth, :data:`TABLE_COLUMNS`.
 
     ``loss_mean``: mean over the ``n_seeds`` seeds with a loss; ``loss_per_seed``: ``"0: 1.2345;
@@ -102,9 +104,9 @@ def depth_table(runs: pd.DataFrame, order: list[str] | None = None, baseline: st
                    "n_pairs": 0, "delta": math.nan, "delta_lo": math.nan, "delta_hi": math.nan,
                    "ppl_change_pct": math.nan, "t": math.nan, "p": math.nan, "test": ""}
             if router != baseline and base:
-                t = stats.paired_t(losses, base, conf)
+                t = seeds.paired_t(losses, base, conf)
                 row.update(n_pairs=t.n, delta=t.mean_diff, delta_lo=t.lo, delta_hi=t.hi, t=t.t, p=t.p,
-                           ppl_change_pct=stats.perplexity_change(t.mean_treat, t.mean_base) if t.n else math.nan,
+                           ppl_change_pct=seeds.perplexity_change(t.mean_treat, t.mean_base) if t.n else math.nan,
                            test=_test_words(t))
             elif router != baseline:
                 row["test"] = f"no {baseline} run at this depth"
@@ -112,7 +114,7 @@ def depth_table(runs: pd.DataFrame, order: list[str] | None = None, baseline: st
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
-def _test_words(t: stats.PairedTest) -> str:
+def _test_words(t: seeds.PairedTest) -> str:
     if t.n == 0:
         return "no seed paired"
     if t.n == 1:
@@ -187,7 +189,6 @@ def loss_vs_depth(runs: pd.DataFrame, out_dir: Path, title: str, order: list[str
     seed (dots). Writes ``loss_vs_depth.png`` and ``loss_vs_depth.csv``; None without a loss."""
     import matplotlib.pyplot as plt
 
-    from .figures import save_png
     ok = runs[runs["status"] == "ok"]
     if ok.empty:
         return None
@@ -218,7 +219,6 @@ def gain_vs_depth(runs: pd.DataFrame, table: pd.DataFrame, out_dir: Path, title:
     Writes ``gain_vs_depth.png`` and ``.csv``; None without a pair."""
     import matplotlib.pyplot as plt
 
-    from .figures import save_png
     t = table[(table["router"] != baseline) & (table["n_pairs"] > 0)]
     if t.empty:
         return None
@@ -244,7 +244,7 @@ def gain_vs_depth(runs: pd.DataFrame, table: pd.DataFrame, out_dir: Path, title:
     ax.set_ylabel(f"Δ val loss vs {baseline} (nats; < 0: better)")
     ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.suptitle(f"Δ loss at the token budget vs {baseline}, paired by seed: mean (line; bars: "
-                 f"{stats.CONF:.0%} t-interval where ≥ 2 seeds), each seed (dots)\n{title}", fontsize=9)
+                 f"{seeds.CONF:.0%} t-interval where ≥ 2 seeds), each seed (dots)\n{title}", fontsize=9)
     path = save_png(fig, Path(out_dir) / "gain_vs_depth.png")
     pd.DataFrame(data).to_csv(path.with_suffix(".csv"), index=False)
     return path
@@ -256,7 +256,6 @@ def gain_vs_depth(runs: pd.DataFrame, table: pd.DataFrame, out_dir: Path, title:
 def write_study(run_dir: Path | str) -> tuple[dict[str, Path], str]:
     """Write the study's report into ``run_dir`` and return ``(paths by file name, the text the
     command prints)``: the scale label, caption, table and sentences."""
-    from .render import Section, render_html, render_markdown
     d = Path(run_dir)
     manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
     runs = study_runs(load_rows([d]))

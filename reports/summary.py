@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import paired, tables
+from . import frame, paired, tables
 from .sentences import cost_sentence
 
 #: Widest interval, relative to its ratio ((hi − lo) / ratio), that is still quoted as a number.
@@ -55,7 +55,7 @@ def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     pt = pt[pt["mode"].isin(MODES)]
     eager = _pick(pt[pt["backend"] == "eager"]) if (pt["backend"] == "eager").any() else _pick(pt)
-    keys = ["router", "impl", "mode", *tables.SHAPE_COLS]
+    keys = ["router", "impl", "mode", *frame.SHAPE_COLS]
     out = eager[keys].copy()
     for backend in ("eager", "compile"):
         b = pt[pt["backend"] == backend][[*keys, "ratio", "ratio_lo", "ratio_hi", "noisy"]]

@@ -24,11 +24,10 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .errors import ConfigError
-
-from .base import Router, Slot, block_layout
 from . import two_phase
-from .mixer import EPS, depth_mix, rms_match
+from .base import Router, Slot, block_layout
+from .errors import ConfigError
+from .mixer import EPS, depth_mix
 from .registry import register
 
 
@@ -69,7 +68,7 @@ class BlockAttnRes(Router):
     impls = ("naive", "two_phase")
     #: detail bases this router adds per block, in pool order ("phase", "split"); none for AttnRes.
     detail_kinds: tuple[str, ...] = ()
-    #: Observation hook of the ``naive`` path (``harness.diagnose``); None (the default) costs one
+    #: Observation hook of the ``naive`` path (``harness.training.diagnose``); None (the default) costs one
     #: attribute test per read. When an instance sets it to a callable, every naive read and the
     #: readout call ``weight_recorder(read, kinds, alpha)``: ``read`` the pseudo-query index
     #: (sublayer k, or 2L for the readout), ``kinds`` the pool's source kinds in pool order (None

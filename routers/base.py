@@ -18,6 +18,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError
@@ -148,7 +149,7 @@ class Router(nn.Module, abc.ABC):
         Convention of docs/FLOPS.md: FLOP = 2·FMA, elementwise ops 1 FLOP per output element,
         forward only, work whose result nothing reads is not counted (the trace drops it). Covers
         ``init_state``, every ``read`` and ``write`` over ``self.slots`` and the readout, for the
-        ``naive`` implementation; equals ``2 * harness.flops.count_router_fma(router, B, T)`` and
+        ``naive`` implementation; equals ``2 * harness.costs.flops.count_router_fma(router, B, T)`` and
         ``2 * count_fwd_flops(decoder, (idx,)).router_fma`` exactly (tests/test_costs.py).
 
         Args:
@@ -193,7 +194,7 @@ class Router(nn.Module, abc.ABC):
         runs the two-phase schedule; parameters (pseudo-queries, gains) are amortised over tokens
         and count 0. The figure is averaged over the 2L sublayers and given in **units of d
         elements** (multiply by d · bytes per element for bytes). It is a model, not a
-        measurement: ``harness.traffic.router_bytes_moved`` measures what an implementation moves.
+        measurement: ``harness.costs.traffic.router_bytes_moved`` measures what an implementation moves.
 
         Args:
             schedule: S, sublayers per two-phase chunk (``full_attnres`` only; others take None).

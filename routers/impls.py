@@ -19,7 +19,7 @@ unavailable with the reason: Triton without a GPU may raise ``RuntimeError``), d
 devices, dtypes and modes it supports, and says in ``conventions`` where the kernel's conventions
 differ from ours (ε, key-norm weight, temperature, output dtype) and how the adapter maps them.
 Every implementation but ``naive`` is checked against ``naive`` before it is timed
-(:mod:`harness.parity`).
+(:mod:`harness.sweep.parity`).
 """
 
 from __future__ import annotations

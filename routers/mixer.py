@@ -44,7 +44,7 @@ def depth_mix(sources: Sequence[Tensor], query: Tensor, bias: Tensor | None = No
         bias: per-source logit bias of shape (n,), or None.
         key_gain: learnable gain of the key RMSNorm, shape (d,), or None (no gain, the default).
         eps: RMSNorm ε.
-        recorder: observation hook (``harness.diagnose``), None by default: when given, it is
+        recorder: observation hook (``harness.training.diagnose``), None by default: when given, it is
             called once with the softmax weights α, detached, shape (n, B, T) in the dtype of the
             sources (ones of shape (1, B, T) when n = 1). It changes nothing that is computed.
 

@@ -11,6 +11,9 @@ from .errors import ConfigError
 
 #: name -> router class, filled by :func:`register` when ``routers`` is imported.
 ROUTERS: dict[str, type] = {}
+#: The router every other router is compared with: the standard PreNorm residual (a paired
+#: group's ``A``, the baseline of every ratio and of the training race).
+BASELINE = "prenorm"
 
 
 def register(name: str) -> Callable[[type], type]:

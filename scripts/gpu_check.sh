@@ -49,7 +49,7 @@ timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-c
 
 # Implementations of block_attnres at one shape, bf16, fwd_bwd (at most ~3 minutes): every impl
 # available here eager (naive, two_phase and each peer kernel, each checked against naive before it
-# is timed: harness/parity.py), two_phase compiled, on the decoder and the router_only workload.
+# is timed: harness/sweep/parity.py), two_phase compiled, on the decoder and the router_only workload.
 # The machine has no network: to have the peers, build their wheels where there is one
 #   pip download 'fla-core>=0.6' 'liger-kernel>=0.8.5' 'flash-attn-res>=0.1.12' 'fast-attnres>=2.1' \
 #       'triton==3.7.1' einops --no-deps -d shared/wheels
@@ -85,7 +85,7 @@ done
 "$PY" - "$OUT" <<'PYEOF'
 import sys
 from pathlib import Path
-from harness.records import load_rows
+from harness.rundir.records import load_rows
 rows = load_rows(sorted(Path(sys.argv[1]).glob("*/gpu-check-train-*")))
 print("backend     router   seed status         time_to_target_s  steps  train_time_s  loss@budget")
 for r in sorted((r for r in rows if r["metric"] == "time_to_target"), key=lambda r: (r["backend"], r["router"], r["seed"])):

@@ -6,15 +6,16 @@ import pandas as pd
 import pytest
 import torch
 
-import harness.measure as measure
-from harness import backends
-from harness.cases import expand
-from harness.cudagraph import CaptureError, GraphedStep, StaticInputs, preflight
-from harness.modes import lm_loss, make_step, prefill_for_decode
-from harness.records import load_rows
-from harness.rundir import RunWriter
-from harness.sweep import SweepOptions, run_sweep
-from harness.timing import TimingPolicy
+import harness.sweep.prepare as prepare
+from harness.rundir.records import load_rows
+from harness.rundir.writer import RunWriter
+from harness.step import backends
+from harness.step.cudagraph import CaptureError, GraphedStep, StaticInputs, preflight
+from harness.step.modes import lm_loss, make_step, prefill_for_decode
+from harness.sweep.cases import expand
+from harness.sweep.options import SweepOptions
+from harness.sweep.run import run_sweep
+from harness.timing.timer import TimingPolicy
 from routers import ROUTERS, router_options
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
@@ -66,7 +67,7 @@ def test_compile_equals_eager(name, impl):
 @pytest.mark.compile
 def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypatch):
     """A shape change after warm-up makes dynamo recompile; the guard turns it into an error."""
-    real = measure.make_step
+    real = prepare.make_step
     calls = {"n": 0}
 
     def shape_changing_step(model, mode, x, y, **kw):
@@ -77,7 +78,7 @@ def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypa
             return steps[calls["n"] > 3]()  # compile + 2 warm-up steps, then a new shape
         return step
 
-    monkeypatch.setattr(measure, "make_step", shape_changing_step)
+    monkeypatch.setattr(prepare, "make_step", shape_changing_step)
     case = expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["compile"])
     with RunWriter(tmp_path, "run", "s") as w:
         assert run_sweep(case, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1}
@@ -105,7 +106,7 @@ def test_capture_failure_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeyp
     def failing(*a, **k):
         raise CaptureError("capture of mode fwd failed: synthetic cause")
 
-    monkeypatch.setattr(measure, "GraphedStep", failing)
+    monkeypatch.setattr(prepare, "GraphedStep", failing)
     monkeypatch.setattr(backends, "unavailable_reason", lambda *a: None)  # pretend CUDA is here
     cases = expand(["prenorm", "haares"], CFG, [16], [2], ["fwd"], backends=["cudagraph"])
     with RunWriter(tmp_path, "run", "s") as w:

@@ -1,10 +1,10 @@
-"""The pytest-benchmark suite's cases and their one measuring path (harness/bench.py), and the
-conversion of its JSON into a run directory (harness/benchjson.py). No timing decides a test:
+"""The pytest-benchmark suite's cases and their one measuring path (harness/ci/suite.py,
+harness/ci/pairbench.py), and the conversion of its JSON into a run directory
+(harness/ci/benchjson.py). No timing decides a test:
 times are only checked to be counted, paired and carried through unchanged."""
 
 import contextlib
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +12,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench, sweep
-from harness.bench import BenchPair, PairBench, suite_pairs, suite_table
-from harness.benchjson import to_run_dir
-from harness.cases import Case
-from harness.flop_counter import count_flops_dispatch
-from harness.measure import SweepOptions, build_model
-from harness.rundir import RunWriter
-from harness.timing import TimingPolicy
+from harness.ci.benchjson import to_run_dir
+from harness.ci.pairbench import PairBench, machine_info
+from harness.ci.suite import BenchPair, suite_pairs, suite_table
+from harness.costs.flop_counter import count_flops_dispatch
+from harness.rundir.writer import RunWriter
+from harness.sweep import prepare
+from harness.sweep.cases import Case
+from harness.sweep.options import SweepOptions
+from harness.sweep.prepare import build_model
+from harness.sweep.run import run_sweep
+from harness.timing.timer import TimingPolicy
+from reports.frame import load_frame
 from reports.paired import paired_ratio_table
-from reports.tables import load_frame
 from routers import ROUTERS, router_class
 from routers.errors import ConfigError
+from workloads.batches import synthetic_batch
 from workloads.config import DecoderConfig
-from workloads.data import synthetic_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = DecoderConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=2)
@@ -67,15 +70,15 @@ def test_suite_pairs_are_router_vs_prenorm_or_backend_vs_eager():
 
 
 def _spy(monkeypatch):
-    """Record the loss of each held step of every group prepared through prepared_group."""
-    seen, real = [], sweep.prepared_group
+    """Record the loss of each held step of every group prepared through prepare_group."""
+    seen, real = [], prepare.prepare_group
 
     @contextlib.contextmanager
     def spy(todo, device, w, opts, heartbeat=None):
-        with real(todo, device, w, opts, heartbeat) as (held, status):
-            seen.append({k: held[k]().detach().clone() for k in held})
-            yield held, status
-    monkeypatch.setattr(sweep, "prepared_group", spy)
+        with real(todo, device, w, opts, heartbeat) as group:
+            seen.append({k: step().detach().clone() for k, step in group.steps.items()})
+            yield group
+    monkeypatch.setattr(prepare, "prepare_group", spy)
     return seen
 
 
@@ -83,7 +86,7 @@ def test_benchmark_and_run_prepare_through_one_function_with_equal_losses(tmp_pa
     seen = _spy(monkeypatch)
     a, b = Case("prenorm", TINY, "fwd_bwd"), Case("haares", TINY, "fwd_bwd", impl="two_phase")
     with RunWriter(tmp_path / "run", "r", "s", base={"device": "cpu"}) as run:
-        sweep.run_sweep([a, b], CPU, run, QUICK, progress=False)
+        run_sweep([a, b], CPU, run, QUICK, progress=False)
     with PairBench(BenchPair("vs_prenorm", a, b, 5), CPU, QUICK) as pb:
         for _ in range(5):
             pb.round()
@@ -112,7 +115,7 @@ def test_pair_bench_extra_info_values():
     tb = [r["value"] for r in info["rows"] if r["metric"] == "step_time" and r["case_key"] == b.key]
     assert len(ta) == len(tb) == 6
     assert [r["pair"] for r in info["rows"] if r["metric"] == "step_time" and r["case_key"] == b.key] == list(range(6))
-    from harness.stats import bootstrap_ratio_ci
+    from harness.stats.bootstrap import bootstrap_ratio_ci
     assert (info["ratio"], info["ratio_lo"], info["ratio_hi"]) == bootstrap_ratio_ci(ta, tb)
     assert info["a_ms"] == pytest.approx(sorted(ta)[2:4][0] / 2 + sorted(ta)[2:4][1] / 2)
     model = build_model(b, CPU)
@@ -135,7 +138,7 @@ def test_pair_bench_reports_a_failed_set_up(monkeypatch):
 
 
 def test_slow_fault_wraps_only_the_named_case(monkeypatch):
-    from harness import faults
+    from harness.rundir import faults
     monkeypatch.setenv("ROUTERBENCH_FAULT", "slow=5:rezero|*")
     step = lambda: 1  # noqa: E731
     assert faults.maybe_slow("prenorm|{}|naive", step) is step
@@ -143,7 +146,7 @@ def test_slow_fault_wraps_only_the_named_case(monkeypatch):
 
 
 def test_machine_info_names_torch_and_the_device():
-    info = bench.machine_info(CPU)
+    info = machine_info(CPU)
     assert info["routerbench_torch"] == torch.__version__
     assert info["routerbench_gpu_count"] == 0 and info["routerbench_gpu_name"] is None
     assert info["routerbench_cpu_model"] and info["routerbench_torch_threads"] == torch.get_num_threads()
@@ -158,7 +161,7 @@ def _bench_json(tmp_path, pairs):
                 pb.round()
             benches.append({"name": f"test_pair[{pair.id}]", "fullname": f"x::test_pair[{pair.id}]",
                             "group": pair.group, "extra_info": pb.finish()})
-    data = {"machine_info": bench.machine_info(CPU), "commit_info": {"id": "abc"},
+    data = {"machine_info": machine_info(CPU), "commit_info": {"id": "abc"},
             "benchmarks": benches + [{"name": "other", "extra_info": {}}],
             "datetime": "2026-12-01T10:00:00.000000+00:00", "version": "5.3.1"}
     path = tmp_path / "bench.json"

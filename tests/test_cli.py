@@ -8,12 +8,11 @@ import math
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from paths import SHAKESPEARE
 
 from harness.cli import main
-from harness.records import END, LEGACY_DONE_FILE, load_rows, read_jsonl
+from harness.rundir.records import END, LEGACY_DONE_FILE, load_rows, read_jsonl
 from routers import ROUTERS
-
-from paths import SHAKESPEARE
 
 
 def invoke(*args):
@@ -53,7 +52,7 @@ def test_run_end_to_end_and_resume(tmp_path):
 
 
 def test_summary_leaves_vs_eager_blank_on_eager_rows(tmp_path):
-    from harness.rundir import RunWriter
+    from harness.rundir.writer import RunWriter
     shape = dict(router="prenorm", impl="naive", mode="fwd", workload="decoder", d_model=16, n_layers=2,
                  n_heads=2, seq_len=8, batch_size=2, dtype="float32", seed=0)
     with RunWriter(tmp_path, "s", "s1") as w:

@@ -9,9 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.rundir import RunWriter
-from reports.compare import NothingToCompare, build_compare, load_runs, run_labels, \
-    step_time_compare
+from harness.rundir.writer import RunWriter
+from reports.compare import NothingToCompare, build_compare, load_runs, run_labels, step_time_compare
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PRENORM = [10.0, 11.0, 9.0, 10.5, 12.0]

@@ -13,8 +13,10 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from routers.errors import ConfigError
-from workloads.corpora import TokenCorpus, import_tokens, text8_normalize
-from workloads.data import CharCorpus, fixed_val_batches, prepare_corpus, random_batches
+from workloads.batches import fixed_val_batches, random_batches
+from workloads.corpora import import_tokens
+from workloads.data import CharCorpus, TokenCorpus, prepare_corpus
+from workloads.text8 import text8_normalize
 
 # uppercase, punctuation, digits, a tab, blank lines, runs of spaces, non-ASCII letters (É, ï, and
 # the Kelvin sign, whose Unicode lowercase is an ASCII "k": text8 works on bytes, so it is a space)

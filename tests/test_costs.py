@@ -1,14 +1,15 @@
 """Per-router cost models (``analytic_fwd_flops``, ``live_state_bytes``, ``ideal_io_per_token``)
 against fvcore, the router's real state, the AttnRes paper's Table 1, and measured traffic
-(``harness/traffic.py``)."""
+(``harness/costs/traffic.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.flops import count_fwd_flops, count_router_fma
-from harness.traffic import measured_bytes, router_bytes_moved, tensor_bytes
+from harness.costs.flops import count_fwd_flops, count_router_fma
+from harness.costs.traffic import measured_bytes, router_bytes_moved, tensor_bytes
+from flop_goldens import GOLDEN
 from routers import ROUTERS, build_router
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
@@ -63,11 +64,10 @@ def test_analytic_flops_equal_decoder_router_fma(name, opts):
 
 
 def test_analytic_flops_hand_goldens():
-    # tests/test_flops.py GOLDEN at L = 2, d = 8, B = 1, T = 2, derived there by hand
-    expect = {"prenorm": 4 * 16, "rezero": 8 * 16, "layerscale": 8 * 16, "block_attnres": 1292,
-              "full_attnres": 2 * (2 + 3 + 4 + 5) * (7 * D + 7), "haares": 2104, "wav_v1": 2902}
-    assert set(expect) == set(ROUTERS)
-    for name, flop in expect.items():
+    # tests/flop_goldens.py: L = 2, d = 8, B = 1, T = 2, derived there by hand
+    assert set(GOLDEN) == set(ROUTERS), "add a hand-derived golden for the new router (tests/flop_goldens.py)"
+    assert GOLDEN["full_attnres"] == 2 * (2 + 3 + 4 + 5) * (7 * D + 7)
+    for name, flop in GOLDEN.items():
         assert build_router(name, D, 2).analytic_fwd_flops(1, 2) == flop, name
 
 

@@ -3,17 +3,17 @@ import hashlib
 import json
 import os
 import platform
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from workloads.data import (CharCorpus, default_corpus, fixed_val_batches, prepare_corpus,
-                            prepare_corpus_from_text, random_batches, stdlib_text, synthetic_batch)
-
 # the repo is checked out next to shared/, which holds the test data
 from paths import SHAKESPEARE
+
+from workloads.batches import fixed_val_batches, random_batches, synthetic_batch
+from workloads.data import CharCorpus, default_corpus, prepare_corpus, prepare_corpus_from_text, stdlib_text
+
 SHAKESPEARE_SHA = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 TEXT = ("abcdefghij" * 100)  # 1000 chars, 10 symbols
 

@@ -1,5 +1,5 @@
-"""Training with DistributedDataParallel under torchrun (harness/distributed.py, harness/train.py,
-harness/schedule.py, ``routerbench train``): 2 processes with gloo on the CPU, one thread each, at a
+"""Training with DistributedDataParallel under torchrun (harness/training/distributed.py, harness/training/run.py,
+harness/training/schedule.py, ``routerbench train``): 2 processes with gloo on the CPU, one thread each, at a
 tiny shape (d 32, 2 layers, T 16, global batch 4).
 
 The per-step training loss is the ``train_loss`` row of each evaluation (the mean since the
@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from harness import distributed
-from harness.backends import one_dynamo_cache, recompile_guard
-from harness.records import load_rows
-from harness.train import TrainConfig, TrainRun, train_unavailable_reason
+from harness.rundir.records import load_rows
+from harness.step.backends import one_dynamo_cache, recompile_guard
+from harness.training import distributed
+from harness.training.config import TrainConfig, train_unavailable_reason
+from harness.training.run import TrainRun
 from workloads.config import DecoderConfig
 from workloads.data import CharCorpus, prepare_corpus_from_text, stdlib_text
 

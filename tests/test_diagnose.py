@@ -1,6 +1,6 @@
 """``routerbench diagnose``: known answers at initialisation through the command's own path (a
 checkpoint written by the trainer at step 0 of a tiny run), hidden-state RMS against an
-independent loop, and the one-line errors (harness/diagnose.py, reports/diagnose.py)."""
+independent loop, and the one-line errors (harness/training/diagnose.py, reports/diagnose.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.cli.train import corpus_info
-from harness.diagnose import checkpoint_dir, find_trained_runs, load_model
-from harness.env import write_manifest
-from harness.rundir import RunWriter
-from harness.schedule import Trainer
-from harness.train import TrainConfig, TrainRun
+from harness.rundir.environment import write_manifest
+from harness.rundir.writer import RunWriter
+from harness.training.checkpoint import checkpoint_dir
+from harness.training.config import TrainConfig
+from harness.training.diagnose import find_trained_runs, load_model
+from harness.training.run import TrainRun
+from harness.training.schedule import Trainer
 from routers.errors import ConfigError
+from workloads.batches import fixed_val_batches
 from workloads.config import DecoderConfig
-from workloads.data import fixed_val_batches, prepare_corpus_from_text
+from workloads.data import prepare_corpus_from_text
 
 # 4 layers in 2 blocks of 4 sublayers: pools with C, P and (haares) completed and partial details.
 TINY = DecoderConfig(d_model=16, n_layers=4, n_heads=2, seq_len=16, batch_size=4)

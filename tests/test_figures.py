@@ -1,4 +1,5 @@
-"""reports/figures.py: the cost figures of issue 10 on one tiny real sweep, each with its data."""
+"""The cost figures (reports/time_figures.py, reports/count_figures.py; DESIGN.md, "Results") on one
+tiny real sweep, each with its data."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.cases import expand
-from harness.rundir import RunWriter
-from harness.sweep import SweepOptions, run_sweep
-from harness.timing import TimingPolicy
-from reports import build_report, figures, load_frame
+from harness.rundir.writer import RunWriter
+from harness.sweep.cases import expand
+from harness.sweep.options import SweepOptions
+from harness.sweep.run import run_sweep
+from harness.timing.timer import TimingPolicy
+from reports import build_report, load_frame, plotting
+from reports.report import FIGURES
+from reports.sections import NO_DATA
+from reports.time_figures import compile_vs_eager
 from workloads.config import DecoderConfig
 
 TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
 ROUTERS = ["prenorm", "haares", "block_attnres"]
-#: The figures of issue 10, item 5 (compile_vs_eager needs a compiled backend: its own test).
+#: The figures of the paired cost sweep (compile_vs_eager needs a compiled backend: its own test).
 COST_FIGURES = ("overhead_vs_width", "overhead_vs_depth", "router_flop_share_vs_width",
                 "memory_vs_depth", "router_cost_models")
 DEVICE = "Test Device 9000"
@@ -45,19 +50,19 @@ def drawn(sweep_dir, tmp_path_factory):
     df["device_name"] = DEVICE
     out = tmp_path_factory.mktemp("figures")
     said = {}
-    save = figures.save_png
+    save = plotting.save_png
 
-    def spy(fig, path, dpi=figures.DPI):
+    def spy(fig, path, dpi=plotting.DPI):
         said[path.stem] = {"title": " ".join(fig._suptitle.get_text().split()),  # unwrapped
                            "labels": [lbl for ax in fig.axes if ax.get_visible()
                                       for lbl in (ax.get_xlabel(), ax.get_ylabel()) if lbl]}
         return save(fig, path, dpi)
 
-    figures.save_png = spy
+    plotting.save_png = spy
     try:
-        paths = {name: figures.FIGURES[name](df, out) for name in COST_FIGURES}
+        paths = {name: FIGURES[name](df, out) for name in COST_FIGURES}
     finally:
-        figures.save_png = save
+        plotting.save_png = save
     return {name: (p, pd.read_csv(p.with_suffix(".csv"), keep_default_na=False,
                                   na_values=[""]), said[name]) for name, p in paths.items()}
 
@@ -66,17 +71,17 @@ def test_report_draws_every_cost_figure_with_its_data(sweep_dir, tmp_path):
     out = build_report([sweep_dir], tmp_path)
     for name in COST_FIGURES:
         assert out[f"{name}.png"].is_file() and out[f"{name}.csv"].is_file(), name
-        assert figures.NO_DATA[name].startswith("No data for this figure")
+        assert NO_DATA[name].startswith("No data for this figure")
     assert "compile_vs_eager.png" not in out  # eager only
     for name, path in out.items():
         if name.endswith(".png"):
-            assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX, name
-    assert set(figures.FIGURES) <= set(figures.NO_DATA) | {"paired_ratios"}
+            assert plotting.png_size(path)[0] <= plotting.MAX_WIDTH_PX, name
+    assert set(FIGURES) <= set(NO_DATA) | {"paired_ratios", "impls"}  # those two say why in their section
 
 
 def test_titles_name_device_and_shape_and_axes_have_units(drawn):
     for name, (path, _, said) in drawn.items():
-        assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX, name
+        assert plotting.png_size(path)[0] <= plotting.MAX_WIDTH_PX, name
         assert DEVICE in said["title"] and "T=8 B=2" in said["title"], name
         assert said["labels"] and all("(" in lbl for lbl in said["labels"] if lbl != "router"), name
     assert "HAARES" in drawn["router_flop_share_vs_width"][2]["title"]
@@ -152,21 +157,21 @@ def test_compile_vs_eager_ratio_with_readable_labels(tmp_path, monkeypatch):
             cost_case(w, router, impl, "eager", [eager] * 3)
             cost_case(w, router, impl, "compile", [compiled] * 3, compile_mode="default")
     df = load_frame([tmp_path])
-    assert figures.compile_vs_eager(df[df["backend"] == "eager"], tmp_path) is None
+    assert compile_vs_eager(df[df["backend"] == "eager"], tmp_path) is None
     seen = {}
-    save = figures.save_png
-    monkeypatch.setattr(figures, "save_png", lambda fig, path, dpi=figures.DPI: (
+    save = plotting.save_png
+    monkeypatch.setattr(plotting, "save_png", lambda fig, path, dpi=plotting.DPI: (
         seen.update(title=fig._suptitle.get_text(), xlabel=fig.axes[0].get_xlabel(),
                     yticks=[t.get_text() for t in fig.axes[0].get_yticklabels()]),
         save(fig, path, dpi))[1])
-    path = figures.compile_vs_eager(df, tmp_path / "figs")
+    path = compile_vs_eager(df, tmp_path / "figs")
     t = pd.read_csv(path.with_suffix(".csv"))
     assert t.set_index("label")["vs_eager"].to_dict() == pytest.approx(
         {"prenorm · naive": 0.5, "haares · naive": 0.4, "haares · two_phase": 0.75})
     assert seen["yticks"] == ["prenorm · naive", "haares · naive", "haares · two_phase"]
     assert seen["xlabel"].startswith("compiled / eager median step time, unpaired (×")  # timed apart
     assert "d=64 L=4" in t["panel"].iloc[0] and "T=64 B=2" in seen["title"]
-    assert figures.png_size(path)[0] <= figures.MAX_WIDTH_PX
+    assert plotting.png_size(path)[0] <= plotting.MAX_WIDTH_PX
 
 
 def test_no_data_gives_none(tmp_path):
@@ -175,5 +180,5 @@ def test_no_data_gives_none(tmp_path):
         cost_case(w, "haares", "naive", "eager", [11, 11])
     df = load_frame([tmp_path])
     for name in (*COST_FIGURES, "compile_vs_eager"):
-        assert figures.FIGURES[name](df, tmp_path) is None, name
+        assert FIGURES[name](df, tmp_path) is None, name
         assert not (tmp_path / f"{name}.png").exists()

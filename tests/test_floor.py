@@ -1,5 +1,6 @@
-"""The physical floor (issue 10, item 6): the byte model against a hand computation, the
-bandwidth probe and its table of nominal figures, and the one bandwidth unit of a run."""
+"""The physical floor (MEASUREMENT.md, "Noise on shared machines"): the byte model against a hand
+computation, the bandwidth probe and its table of nominal figures, and the one bandwidth unit of a
+run."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from harness.bandwidth import measure_bandwidth, nominal_bandwidth
-from harness.cases import Case
 from harness.cli import main
-from harness.records import completed_cases, load_rows, units
-from harness.rundir import RunWriter
+from harness.costs.bandwidth import measure_bandwidth, nominal_bandwidth
+from harness.rundir.records import completed_cases, load_rows, units
+from harness.rundir.writer import RunWriter
+from harness.sweep.cases import Case
 from reports import load_frame
 from reports.floor import FLOOR_METHOD, extra_router_bytes, floor_table, write_floor
 from workloads.config import DecoderConfig

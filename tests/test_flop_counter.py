@@ -1,12 +1,12 @@
-"""Tests for harness/flop_counter.py, the FlopCounterMode path (docs/FLOPS.md, "Second path").
+"""Tests for harness/costs/flop_counter.py, the FlopCounterMode path (docs/FLOPS.md, "Second path").
 Golden numbers in FLOP, derived by hand from the tables of docs/FLOPS.md."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.flop_counter import FORMULAS, FREE_OPS, UnsupportedOpError, count_flops_dispatch
-from harness.flops import count_fwd_flops
+from harness.costs.flop_counter import FORMULAS, FREE_OPS, UnsupportedOpError, count_flops_dispatch
+from harness.costs.flops import count_fwd_flops
 from routers import ROUTERS, router_options
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder

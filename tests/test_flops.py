@@ -1,4 +1,4 @@
-"""Tests for harness/flops.py. Golden numbers are derived by hand from docs/FLOPS.md, in FLOP
+"""Tests for harness/costs/flops.py. Golden numbers are derived by hand from docs/FLOPS.md, in FLOP
 (= 2·FMA), written out as arithmetic: a change of convention or of the models moves them."""
 import itertools
 
@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.flops import HANDLES, UnsupportedOpError, count_fwd_flops, count_router_fma
+from harness.costs.flops import HANDLES, UnsupportedOpError, count_fwd_flops, count_router_fma
 from routers import ROUTERS, build_router, router_options
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
@@ -71,38 +71,7 @@ def test_tiny_gelu_and_router_only_golden():
     assert count_fwd_flops(model, (idx,)).flops == router_only == 1432
 
 
-# --- router mixing at L=2 (two blocks of one layer = 2 sublayers), d=8, T=2, B=1 ---------------
-RM = 1 * 2                                    # tokens
-
-
-def read(n, bias=False, gain=False):
-    """FLOP of one depth-mix read over n sources (docs/FLOPS.md): keys 3d+2, logits 2d, softmax 5,
-    weighted sum 2d per source and token; + d with a key gain; + 1 with a bias; n = 1 is free."""
-    if n == 1:
-        return 0
-    return n * RM * (3 * D + 2 + 2 * D + 5 + 2 * D + (D if gain else 0) + (1 if bias else 0))
-
-
-ADD = RM * D                                  # one (B, T, d) add / sub
-MATCH = RM * (2 * (2 * D + 1) + 1 + 1 + 1 + D)  # rms_match: two rms, +ε, ÷, clamp, scale = 90
-
-GOLDEN = {
-    "prenorm": 4 * ADD,
-    "rezero": 4 * 2 * ADD,
-    "layerscale": 4 * 2 * ADD,
-    # reads k0 [e], k1 [e,P], k2 [e,C1], k3 [e,C1,P], out [e,C1,C2]; writes P+=u at k1, k3
-    "block_attnres": read(1) + read(2) + read(2) + read(3) + read(3) + 2 * ADD,
-    # reads over [e], [e,u0], [e,u0,u1], …; one sublayer per block, so no add
-    "full_attnres": read(1) + read(2) + read(3) + read(4) + read(5),
-    # k1 read [e,P,P̃] (+match), k2 [e,C1,D̃1], k3 [e,C1,D̃1,P,P̃] (+match), out [e,C1,C2];
-    # writes at k1: P+u, D−u, match; at k3: P+u only — its D−u and match are dead (no one
-    # reads the last block's detail with the conservative readout) and the trace drops them.
-    "haares": (read(3, bias=True) + MATCH + read(3, bias=True) + read(5, bias=True) + MATCH
-               + read(3) + (ADD + ADD + MATCH) + ADD),
-    # as haares with two detail kinds (phase, split)
-    "wav_v1": (read(4, bias=True) + 2 * MATCH + read(4, bias=True) + read(7, bias=True) + 2 * MATCH
-               + read(3) + (ADD + 2 * ADD + 2 * MATCH) + ADD),
-}
+from flop_goldens import ADD, GOLDEN, RM, read  # noqa: E402 - the routers' hand-derived goldens
 
 
 def small(name, **options):

@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from harness import faults, gate
+from harness.ci import gate
+from harness.ci.rules import load_rules
 from harness.cli import main
 from harness.cli.gate import resolve
-from harness.rundir import RunWriter
-from harness.stats import bootstrap_ratio_of_ratios
-from reports.tables import load_frame
+from harness.rundir import faults
+from harness.rundir.writer import RunWriter
+from harness.stats.bootstrap import bootstrap_ratio_of_ratios
+from reports.frame import load_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "harness.cli"]
@@ -75,7 +77,7 @@ def invoke(*args):
 
 
 def one_verdict(run: Path, rules: Path) -> dict:
-    table = gate.evaluate(gate.load_rules(rules), load_frame([run]))
+    table = gate.evaluate(load_rules(rules), load_frame([run]))
     assert len(table) == 1, table
     return table.iloc[0].to_dict()
 
@@ -155,7 +157,7 @@ def test_growth_against_baseline(tmp_path):
     pre, noise = noisy_pairs(1.0, 0.02, seed=4)
     base = write_run(tmp_path / "baseline", "b", {("prenorm", "eager"): pre, ("haares", "eager"): pre * 1.2})
     now = write_run(tmp_path / "now", "n", {("prenorm", "eager"): pre, ("haares", "eager"): pre * 1.5 * noise / noise.mean()})
-    t = gate.evaluate(gate.load_rules(rules_file(tmp_path, GROWTH.format(pct=10))),
+    t = gate.evaluate(load_rules(rules_file(tmp_path, GROWTH.format(pct=10))),
                       load_frame([now]), load_frame([base]))
     assert len(t) == 1 and t.iloc[0]["verdict"] == "fail"
     assert t.iloc[0]["ratio"] == pytest.approx(1.25, rel=0.02)
@@ -207,7 +209,7 @@ def test_update_baseline_copies_results(tmp_path):
 # --- bad input ------------------------------------------------------------------------------------
 
 def test_the_project_rules_load():
-    rules = gate.load_rules(ROOT / ".ci" / "gate.toml")
+    rules = load_rules(ROOT / ".ci" / "gate.toml")
     assert {r.metric for r in rules} == {"compile_vs_eager", "overhead_vs_prenorm", "overhead_growth"}
     assert all(r.limit > 1 for r in rules)
 
@@ -301,7 +303,7 @@ def test_a_busy_machine_leaves_a_check_undecided_and_spread_is_only_noted(tmp_pa
     assert v["verdict"] == "inconclusive"
     assert v["note"].startswith("busy machine, not decided (would be fail): cpu_pressure 0.900 > 0.2")
     # the same under thresholds that call it quiet: decided
-    table = gate.evaluate(gate.load_rules(rules_file(tmp_path, OVERHEAD.format(pct=10))), load_frame([busy]),
+    table = gate.evaluate(load_rules(rules_file(tmp_path, OVERHEAD.format(pct=10))), load_frame([busy]),
                           noise_thresholds={**gate_noise_defaults(), "cpu_pressure_max": 0.95})
     assert table.iloc[0]["verdict"] == "fail"
     spread = write_run(tmp_path, "spread", {("prenorm", "eager"): pre, ("rezero", "eager"): rz},
@@ -311,7 +313,7 @@ def test_a_busy_machine_leaves_a_check_undecided_and_spread_is_only_noted(tmp_pa
 
 
 def gate_noise_defaults() -> dict:
-    from harness.noise import THRESHOLDS
+    from harness.timing.noise import THRESHOLDS
     return dict(THRESHOLDS)
 
 
@@ -348,22 +350,23 @@ def test_slow_fault_needs_its_delay():
 # --- pytest-benchmark JSON ------------------------------------------------------------------------
 
 def test_bench_json_results_and_baseline(tmp_path):
-    bench = pytest.importorskip("harness.bench")
     import torch
 
-    from harness.cases import Case
-    from harness.measure import SweepOptions
-    from harness.timing import TimingPolicy
+    from harness.ci.pairbench import PairBench, machine_info
+    from harness.ci.suite import BenchPair
+    from harness.sweep.cases import Case
+    from harness.sweep.options import SweepOptions
+    from harness.timing.timer import TimingPolicy
     from workloads.config import DecoderConfig
     tiny = DecoderConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=2)
-    pair = bench.BenchPair("vs_prenorm", Case("prenorm", tiny, "fwd"), Case("rezero", tiny, "fwd"), 6)
+    pair = BenchPair("vs_prenorm", Case("prenorm", tiny, "fwd"), Case("rezero", tiny, "fwd"), 6)
     opts = SweepOptions(timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=6))
-    with bench.PairBench(pair, torch.device("cpu"), opts) as pb:
+    with PairBench(pair, torch.device("cpu"), opts) as pb:
         for _ in range(pair.rounds):
             pb.round()
         info = pb.finish()
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps({"machine_info": bench.machine_info(torch.device("cpu")), "version": "5.3.1",
+    path.write_text(json.dumps({"machine_info": machine_info(torch.device("cpu")), "version": "5.3.1",
                                 "benchmarks": [{"name": f"test_pair[{pair.id}]", "group": pair.group,
                                                 "extra_info": info}]}))
     rules = rules_file(tmp_path, OVERHEAD.format(pct=10_000) + GROWTH.format(pct=25))
@@ -373,7 +376,7 @@ def test_bench_json_results_and_baseline(tmp_path):
     assert res.exit_code == 3, res.output  # the growth rule has no baseline yet
     assert "rezero [naive] · eager · fwd · d32 L2 T16 B2" in res.stdout and "no baseline yet" in res.stdout
     assert (base / "bench.json").read_bytes() == path.read_bytes() and not (tmp_path / "bench").exists()
-    t = gate.evaluate(gate.load_rules(rules), *(load_frame(resolve([p], tmp_path / n))
+    t = gate.evaluate(load_rules(rules), *(load_frame(resolve([p], tmp_path / n))
                                                 for p, n in ((path, "a"), (base / "bench.json", "b"))))
     assert t.loc[t.metric == "overhead_growth", "ratio"].tolist() == [1.0]  # the same pairs
     res = invoke("gate", path, "--rules", rules, "--baseline", base)

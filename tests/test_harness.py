@@ -9,13 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from harness.cases import Case, expand
-from harness.memory import saved_activation_bytes
-from harness.records import ABORTED_DIR, COLUMNS, RecordsWarning, load_rows, read_jsonl
-from harness.rundir import RunWriter
-from harness.sweep import SweepOptions, run_sweep
-from harness.timing import TimingPolicy, median_iqr
-from workloads.config import ConfigError, DecoderConfig
+from harness.costs.memory import saved_activation_bytes
+from harness.rundir.records import ABORTED_DIR, COLUMNS, RecordsWarning, load_rows, read_jsonl
+from harness.rundir.writer import RunWriter
+from harness.sweep.cases import Case, expand
+from harness.sweep.options import SweepOptions
+from harness.sweep.run import run_sweep
+from harness.timing.timer import TimingPolicy, median_iqr
+from routers.errors import ConfigError
+from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
 TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
@@ -67,16 +69,16 @@ def test_sweep_resumes_without_redoing_or_losing_cases(tmp_path):
 
 
 def test_failing_case_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
-    import harness.measure as measure
+    import harness.sweep.prepare as prepare
     cases = expand(["prenorm", "haares"], TINY, [16], [2], ["fwd"])
-    real = measure.build_model
+    real = prepare.build_model
 
     def broken(case, device):
         if case.router == "prenorm":
             raise RuntimeError("synthetic failure")
         return real(case, device)
 
-    monkeypatch.setattr(measure, "build_model", broken)
+    monkeypatch.setattr(prepare, "build_model", broken)
     with RunWriter(tmp_path, "run", "s") as w:
         assert run_sweep(cases, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1, "ok": 1}
     rows = pd.DataFrame(load_rows([tmp_path]))

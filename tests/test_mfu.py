@@ -1,4 +1,4 @@
-"""harness/peak.py and reports.tables.mfu_table: peak lookup, model FLOPs, tokens/s and MFU.
+"""harness/costs/peak.py and reports.tables.mfu_table: peak lookup, model FLOPs, tokens/s and MFU.
 Expected values are computed by hand from the formulas of docs/FLOPS.md ("MFU")."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ import json
 
 import pytest
 
-from harness.env import write_manifest
-from harness.peak import model_flops_per_step, mfu, peak_flops, tokens_per_step
-from harness.records import MANIFEST_FILE
-from harness.rundir import RunWriter
+from harness.costs.peak import mfu, model_flops_per_step, peak_flops, tokens_per_step
+from harness.rundir.environment import write_manifest
+from harness.rundir.records import MANIFEST_FILE
+from harness.rundir.writer import RunWriter
 from reports import build_report, load_frame
-from reports.tables import load_manifests, mfu_table
+from reports.frame import load_manifests
+from reports.tables import mfu_table
 
 D, L, H, T, B = 256, 12, 4, 256, 4
 N = 16 * D * D * L                            # SwiGLU sublayer matrices: 12,582,912

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.modes import lm_loss, make_step, prefill_for_decode
+from harness.step.modes import lm_loss, make_step, prefill_for_decode
 from routers import ROUTERS, router_options
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder

@@ -1,5 +1,5 @@
 """Noise readings of a timed group, the noisy flag, and re-measuring a noisy group while its steps
-are held (harness/noise.py, harness/paired.time_group)."""
+are held (harness/timing/noise.py, harness/sweep/timed.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import noise
-from harness.cases import expand
-from harness.records import load_rows
-from harness.rundir import RunWriter
-from harness.sweep import SweepOptions, run_sweep
-from harness.timing import TimingPolicy
+from harness.rundir.records import load_rows
+from harness.rundir.writer import RunWriter
+from harness.sweep.cases import expand
+from harness.sweep.options import SweepOptions
+from harness.sweep.run import run_sweep
+from harness.timing import noise
+from harness.timing.timer import TimingPolicy
 from workloads.config import DecoderConfig
 
 TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
@@ -99,8 +100,8 @@ def test_a_group_timed_under_load_is_flagged_noisy(tmp_path):
     # The loaded group's summary quotes its own paired ratio (or calls it imprecise), flagged
     # noisy; nothing is stated across the two timings, which were not paired.
     from reports import build_report
+    from reports.frame import load_frame
     from reports.summary import cost_sentences
-    from reports.tables import load_frame
     build_report([tmp_path / "loaded"], tmp_path / "rep")
     said, table = cost_sentences(load_frame([tmp_path / "loaded"]))
     pt = pd.read_csv(tmp_path / "rep" / "paired.csv")
@@ -137,7 +138,7 @@ def _rows(w, router, mode, times):
 
 def test_numbers_the_data_contradicts_become_warnings(tmp_path):
     from reports import build_report, load_frame
-    from reports.render import consistency_warnings
+    from reports.sections import consistency_warnings
     with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
         with w.unit(["x"], kind="group") as u:
             # fwd: under a load drift the medians mislead (5.0 unpaired) while the pairs say 1.1
@@ -156,7 +157,7 @@ def test_numbers_the_data_contradicts_become_warnings(tmp_path):
     toc, summary = page.index('<nav class="toc">'), page.index('<h2 id="s1">Summary: what each router costs')
     assert toc < summary < page.index("haares naive over prenorm") < page.index("<img") < page.index("<table")
     assert page.index('<h2 id="s2">Warnings</h2>') < page.index('<h2 id="s3">Cost')
-    from reports.figures import MAX_WIDTH_PX, png_size
+    from reports.plotting import MAX_WIDTH_PX, png_size
     assert all(png_size(p)[0] <= MAX_WIDTH_PX for n, p in paths.items() if n.endswith(".png"))
 
 

@@ -4,9 +4,8 @@ paired sweep's rows and resume, and the report's per-pair ratio."""
 from __future__ import annotations
 
 import json
-import statistics
-
 import math
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -14,13 +13,17 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import harness.paired as paired
-from harness.cases import expand
 from harness.cli import main
-from harness.records import load_rows, read_jsonl, units
-from harness.rundir import RunWriter
-from harness.sweep import SweepOptions, run_sweep
-from harness.timing import TimingPolicy
+from harness.rundir.records import load_rows, read_jsonl, units
+from harness.rundir.writer import RunWriter
+from harness.stats.bootstrap import bootstrap_ratio_ci
+from harness.sweep import timed
+from harness.sweep.cases import expand
+from harness.sweep.options import SweepOptions
+from harness.sweep.run import run_sweep
+from harness.timing import paired
+from harness.timing.noise import sm_clock_mhz
+from harness.timing.timer import TimingPolicy
 from reports import build_report, load_frame, paired_ratio_figure, paired_ratio_table
 from workloads.config import DecoderConfig
 
@@ -43,7 +46,7 @@ def test_bootstrap_interval_covers_the_true_ratio_at_its_nominal_rate():
         drift = np.exp(rng.normal(0.0, 0.3, 30))  # the machine slows and speeds up
         a = 10.0 * drift * np.exp(rng.normal(0.0, 0.05, 30))
         b = true_ratio * 10.0 * drift * np.exp(rng.normal(0.0, 0.05, 30))
-        med, lo, hi = paired.bootstrap_ratio_ci(a.tolist(), b.tolist(), seed=i)
+        med, lo, hi = bootstrap_ratio_ci(a.tolist(), b.tolist(), seed=i)
         assert lo <= med <= hi
         hits += lo <= true_ratio <= hi
     assert 0.90 <= hits / draws <= 0.99, hits / draws
@@ -51,19 +54,19 @@ def test_bootstrap_interval_covers_the_true_ratio_at_its_nominal_rate():
 
 def test_bootstrap_edge_cases():
     five = [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert paired.bootstrap_ratio_ci(five, [1.2 * v for v in five]) == pytest.approx((1.2,) * 3)
+    assert bootstrap_ratio_ci(five, [1.2 * v for v in five]) == pytest.approx((1.2,) * 3)
     # too few pairs for an interval: the median ratio, NaN bounds
-    med, lo, hi = paired.bootstrap_ratio_ci([2.0, 1.0, 4.0], [3.0, 1.6, 6.0])
+    med, lo, hi = bootstrap_ratio_ci([2.0, 1.0, 4.0], [3.0, 1.6, 6.0])
     assert med == 1.5 and math.isnan(lo) and math.isnan(hi)
     # seeded: the same call gives the same interval
     a, b = [1.0, 1.1, 0.9, 1.05, 1.2], [1.3, 1.2, 1.1, 1.4, 1.25]
-    assert paired.bootstrap_ratio_ci(a, b, seed=3) == paired.bootstrap_ratio_ci(a, b, seed=3)
+    assert bootstrap_ratio_ci(a, b, seed=3) == bootstrap_ratio_ci(a, b, seed=3)
     with pytest.raises(ValueError, match="equally long"):
-        paired.bootstrap_ratio_ci([1.0, 2.0], [1.0])
+        bootstrap_ratio_ci([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="positive"):
-        paired.bootstrap_ratio_ci([0.0], [1.0])
+        bootstrap_ratio_ci([0.0], [1.0])
     with pytest.raises(ValueError, match="conf"):
-        paired.bootstrap_ratio_ci([1.0], [1.0], conf=1.5)
+        bootstrap_ratio_ci([1.0], [1.0], conf=1.5)
 
 
 # --- interleaving ----------------------------------------------------------------------------
@@ -166,8 +169,8 @@ def test_a_step_failing_in_paired_timing_is_its_own_error_row(tmp_path):
         raise RuntimeError("synthetic timing failure")
 
     with RunWriter(tmp_path, "run", "s") as w, w.unit([c.key for c in cases], kind="group") as u:
-        status = paired.time_group(cases, {cases[0].key: lambda: None, cases[1].key: broken}, CPU, u,
-                                   PAIRED)
+        status = timed.time_group(cases, {cases[0].key: lambda: None, cases[1].key: broken}, CPU, u,
+                                  PAIRED).status
     assert status == {cases[0].key: "ok", cases[1].key: "error"}
     rows = pd.DataFrame(load_rows([tmp_path]))
     assert "synthetic timing failure" in rows[rows.status == "error"].error.iloc[0]
@@ -176,7 +179,7 @@ def test_a_step_failing_in_paired_timing_is_its_own_error_row(tmp_path):
 
 
 def test_sm_clock_is_silent_on_cpu():
-    assert paired.sm_clock_mhz(CPU) is None
+    assert sm_clock_mhz(CPU) is None
 
 
 @pytest.mark.compile
@@ -200,7 +203,7 @@ def test_eager_and_compiled_steps_share_one_group_so_vs_eager_is_paired(tmp_path
         assert r.paired_vs_eager == pytest.approx(statistics.median(side["compile"] / side["eager"]))
     pt = paired_ratio_table(df)
     assert set(pt.backend) == {"eager", "compile"}  # vs prenorm still within each backend
-    from reports.figures import compile_vs_eager
+    from reports.time_figures import compile_vs_eager
     drawn = pd.read_csv(compile_vs_eager(df, tmp_path / "fig").with_suffix(".csv"))
     assert sorted(drawn.vs_eager) == pytest.approx(sorted(ve.paired_vs_eager))  # the paired ratios
     assert drawn.lo.isna().all()  # 3 pairs: below the 5 a bootstrap interval needs, so no bar
@@ -290,8 +293,7 @@ def test_report_has_the_paired_section_and_figures(tmp_path):
 
 
 def test_a_group_too_big_for_memory_is_split_into_subgroups_that_each_hold_prenorm():
-    from harness.paired import case_bytes, split_group
-    from harness.sweep import split_groups, sweep_units
+    from harness.sweep.plan import case_bytes, split_group, split_groups, sweep_units
     from workloads.decoder import Decoder
     cases = expand(["prenorm", "haares", "block_attnres", "rezero"], TINY, [16], [2], ["fwd_bwd"],
                    backends=["eager", "compile"], impls=["naive", "two_phase"])

@@ -1,4 +1,4 @@
-"""Parity before timing (harness/parity.py): every implementation other than naive is checked
+"""Parity before timing (harness/sweep/parity.py): every implementation other than naive is checked
 against naive on the case it is about to be timed on; a wrong one is an error row, never timed."""
 
 import math
@@ -6,11 +6,12 @@ import math
 import pytest
 import torch
 
-from harness.bench import RowCollector
-from harness.cases import Case
-from harness.measure import SweepOptions, run_case
-from harness.parity import router_parity
-from harness.timing import TimingPolicy
+from harness.rundir.writer import MemoryWriter
+from harness.sweep.cases import Case
+from harness.sweep.options import SweepOptions
+from harness.sweep.parity import router_parity
+from harness.sweep.unit import measure_unit
+from harness.timing.timer import TimingPolicy
 from routers import impls
 from routers.mixer import depth_mix
 from workloads.config import DecoderConfig
@@ -31,9 +32,10 @@ WRONG = impls.Impl("wrong_temperature", ("block_attnres",), "naive", mix=_with_t
 
 def test_a_wrong_implementation_is_an_error_row_and_never_timed():
     with impls.registered(WRONG):
-        w = RowCollector({"device": "cpu"})
-        status = run_case(Case("block_attnres", TINY, "fwd_bwd", impl="wrong_temperature"), CPU, w, QUICK)
-    assert status == "error"
+        w = MemoryWriter({"device": "cpu"})
+        case = Case("block_attnres", TINY, "fwd_bwd", impl="wrong_temperature")
+        status = measure_unit([(case, True)], CPU, w, QUICK)
+    assert status == {case.key: "error"}
     parity = [r for r in w.rows if r["metric"] == "parity_error"]
     assert len(parity) == 1 and parity[0]["status"] == "error" and parity[0]["value"] > 0.01
     step = [r for r in w.rows if r["metric"] == "step_time"]
@@ -43,13 +45,14 @@ def test_a_wrong_implementation_is_an_error_row_and_never_timed():
 
 
 def test_two_phase_passes_parity_and_its_error_is_recorded():
-    w = RowCollector({"device": "cpu"})
-    assert run_case(Case("haares", TINY, "fwd_bwd", impl="two_phase"), CPU, w, QUICK) == "ok"
+    w = MemoryWriter({"device": "cpu"})
+    case = Case("haares", TINY, "fwd_bwd", impl="two_phase")
+    assert measure_unit([(case, True)], CPU, w, QUICK) == {case.key: "ok"}
     parity = [r for r in w.rows if r["metric"] == "parity_error"]
     assert len(parity) == 1 and parity[0]["status"] == "ok" and 0 <= parity[0]["value"] < 1e-4
     assert len([r for r in w.rows if r["metric"] == "step_time" and r["status"] == "ok"]) == 3
-    w = RowCollector({"device": "cpu"})
-    run_case(Case("haares", TINY, "fwd_bwd", impl="naive"), CPU, w, QUICK)
+    w = MemoryWriter({"device": "cpu"})
+    measure_unit([(Case("haares", TINY, "fwd_bwd", impl="naive"), True)], CPU, w, QUICK)
     assert not [r for r in w.rows if r["metric"] == "parity_error"]  # naive is the reference
 
 

@@ -7,7 +7,7 @@ flash-attn-res); every other case skips with ``IMPL.unavailable_reason(device, d
 Shapes are tiny (B=1, T=4, d=16) with n = 1, 3 and 33 sources: one source is the single-source
 read (FLA#883), 33 sources one past the 32 that Liger-Kernel#1344 dropped.
 
-Tolerances follow harness/parity.py: relative to each quantity's largest magnitude, 1e-4 in
+Tolerances follow harness/sweep/parity.py: relative to each quantity's largest magnitude, 1e-4 in
 float32; in bfloat16 the peer and our own code are both judged against ours in float64 on the
 same values, and the peer may err by twice our own bfloat16 error plus 8e-3.
 """

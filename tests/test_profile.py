@@ -11,14 +11,15 @@ import torch
 from click.testing import CliRunner
 
 import workloads.decoder
-from harness import backends
-from harness.cases import Case
 from harness.cli import main
-from harness.modes import lm_loss
-from harness.profile import METHODS, check_methods, lines_dropped, profile_case, profile_labels
-from harness.records import load_rows, units
-from harness.rundir import RunWriter
-from harness.timing import TimingPolicy
+from harness.rundir.records import load_rows, units
+from harness.rundir.writer import RunWriter
+from harness.step import backends
+from harness.step.modes import lm_loss
+from harness.sweep.cases import Case
+from harness.sweep.profile import METHODS, check_methods, profile_case
+from harness.sweep.trace import lines_dropped, profile_labels
+from harness.timing.timer import TimingPolicy
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
@@ -184,7 +185,7 @@ def test_cuda_profile_and_memory_snapshot(tmp_path):
 
 
 def test_outputs_of_a_profile_cut_short_are_set_aside(tmp_path):
-    from harness.env import device_slug
+    from harness.rundir.environment import device_slug
     run_dir = tmp_path / device_slug("cpu") / "profile-u"
     (run_dir / "trace").mkdir(parents=True)
     (run_dir / "trace" / "old.pt.trace.json").write_text("{}")  # an attempt that was killed

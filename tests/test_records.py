@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from harness import faults
-from harness.records import (ABORTED_DIR, END, LOCK_FILE, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE,
-                             SCHEMA_VERSION, RecordsWarning, aborted_summary, completed_cases, iter_units,
-                             load_rows, lock_holder, read_jsonl, scan_records)
-from harness.rundir import DiskFullError, RunLockedError, RunWriter
+from harness.rundir import faults
+from harness.rundir.lock import RunLockedError
+from harness.rundir.records import (ABORTED_DIR, END, LOCK_FILE, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE,
+                                    SCHEMA_VERSION, RecordsWarning, aborted_summary, completed_cases,
+                                    iter_units, load_rows, lock_holder, read_jsonl, scan_records)
+from harness.rundir.writer import DiskFullError, RunWriter
 from routers.errors import ConfigError
 
 
@@ -130,7 +131,7 @@ def test_unparsable_and_truncated_lines_are_reported_by_line_and_no_valid_row_is
         f"results; the next writer moves them to {ABORTED_DIR}/"]
     assert [str(c.message) for c in caught if c.category is RecordsWarning] == problems  # each once
     assert completed_cases(tmp_path) == {"a": "ok", "b": "ok"}
-    from reports.tables import load_frame
+    from reports.frame import load_frame
     with pytest.warns(RecordsWarning):
         df = load_frame([tmp_path])
     assert len(df) == 4 and df.attrs["record_problems"] == problems
@@ -199,7 +200,7 @@ def test_schema_1_directories_are_still_read(tmp_path):
 
 def test_only_rank_0_writes_under_torchrun(tmp_path, monkeypatch):
     from harness.cli.common import Run
-    from harness.rundir import NullRunWriter
+    from harness.rundir.writer import NullRunWriter
     from harness.spec import RunSpec, load
     spec, labels = load(RunSpec, {"widths": "16", "depths": "2", "out": str(tmp_path), "run_id": "x"}, None)
     spec = spec.resolve(labels)

@@ -8,17 +8,14 @@ import math
 
 import pytest
 import torch
-
-from harness.env import cpu_model, write_manifest
-from harness.records import MANIFEST_FILE, RECORDS_FILE, aborted_summary
-from harness.rundir import RunWriter
-from reports import (build_report, compile_vs_eager, environment_table, failures, load_frame,
-                     overhead_table, step_time_summary, training_summary)
-from reports import tables
-from reports.figures import NO_DATA
-from reports.render import CPU_RACE_NOTE
-
 from frames import row
+
+from harness.rundir.environment import cpu_model, write_manifest
+from harness.rundir.records import MANIFEST_FILE, RECORDS_FILE, aborted_summary
+from harness.rundir.writer import RunWriter
+from reports import (build_report, compile_vs_eager, environment_table, failures, load_frame, overhead_table,
+                     step_time_summary, tables, training_summary)
+from reports.sections import CPU_RACE_NOTE, NO_DATA
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHAPE = dict(n_heads=4, seq_len=64, batch_size=2, dtype="float32")

@@ -1,4 +1,4 @@
-"""reports/training.py, reports/sentences.py and the training figures on synthetic races.
+"""reports/training.py, reports/race.py, reports/sentences.py and the training figures on synthetic races.
 
 Every curve is linear in the step, val_loss(s) = 4 − k·s with k = 2 / steps to the target 2.0,
 and every clock linear, elapsed(s) = s·dt, so interpolation is exact and each number below is
@@ -14,16 +14,16 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from frames import row
 from scipy import stats as sps
 
-from harness.records import RECORDS_FILE
-from harness.rundir import RunWriter
-from reports import build_report, load_frame, tables, training
+from harness.rundir.records import RECORDS_FILE
+from harness.rundir.writer import RunWriter
+from reports import build_report, frame, load_frame, race, tables, training
 from reports import sentences as say
-from reports.figures import NO_DATA, decomposition, loss_curves, time_to_target
-from reports.render import CPU_RACE_NOTE, display_frame
-
-from frames import row
+from reports.render import display_frame
+from reports.sections import CPU_RACE_NOTE, NO_DATA
+from reports.training_figures import decomposition, loss_curves, time_to_target
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHAPE = dict(workload="decoder", d_model=64, n_layers=2, n_heads=4, seq_len=64, batch_size=2,
@@ -121,20 +121,20 @@ def write_race(run_dir, plan=PLAN, diverged=(("block_attnres", 1),), pilot=True)
 
 
 @pytest.fixture(scope="module")
-def race(tmp_path_factory):
+def race_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("results") / "race"
     write_race(d)
     return d
 
 
 @pytest.fixture(scope="module")
-def df(race):
-    return load_frame([race])
+def df(race_dir):
+    return load_frame([race_dir])
 
 
 @pytest.fixture(scope="module")
 def table(df):
-    return training.comparison_table(df)
+    return race.comparison_table(df)
 
 
 def gmean_ci(ratios):
@@ -266,7 +266,7 @@ def test_sentence_quotes_the_table(df, table):
     assert f"loss at the token budget {diff} nats (perplexity {ppl} %, paired t p = " \
            f"{h['loss_p']:.2g})" in s
     assert f"at equal wall-clock ({h['t_star']:#.3g} s; 3 pairs) " in s
-    assert training.sentences(df) == [say.training_sentence(r) for r in table.to_dict("records")]
+    assert race.sentences(df) == [say.training_sentence(r) for r in table.to_dict("records")]
 
 
 def test_formatting():
@@ -280,22 +280,22 @@ def test_formatting():
     assert say.fmt_per_seed({2: "> 1.2", 0: 0.912, 1: "diverged"}) == "0.91, diverged, > 1.2"
 
 
-def test_diverged_last_finite_loss_appears_nowhere(df, table, race, tmp_path):
-    for frame in (training.runs_table(df), table, tables.training_summary(df),
-                  training.comparison_display(table)):
-        cells = [str(c) for c in frame.to_numpy().ravel()]
+def test_diverged_last_finite_loss_appears_nowhere(df, table, race_dir, tmp_path):
+    for shown in (training.runs_table(df), table, tables.training_summary(df),
+                  race.comparison_display(table)):
+        cells = [str(c) for c in shown.to_numpy().ravel()]
         assert not any("3.123" in c for c in cells)
-        numbers = frame.select_dtypes("number").to_numpy(dtype=float).ravel()
+        numbers = shown.select_dtypes("number").to_numpy(dtype=float).ravel()
         assert not np.isclose(numbers, LAST_FINITE).any()
     summary = row(tables.training_summary(df), router="block_attnres", seed=1)
     assert math.isnan(summary["final_val_loss"]) and summary["time_to_target"] == "diverged"
-    out = build_report([race], tmp_path)
+    out = build_report([race_dir], tmp_path)
     for name in ("report.md", "report.html", "training_runs.csv", "training_comparison.csv"):
         assert "3.123" not in out[name].read_text(encoding="utf-8"), name
 
 
 def test_cost_tables_ignore_the_pilot(df):
-    assert tables.overhead_table(df).empty and tables.cost_rows(df).empty
+    assert tables.overhead_table(df).empty and frame.cost_rows(df).empty
 
 
 def test_figures_write_png_and_csv(df, tmp_path):
@@ -310,8 +310,8 @@ def test_figures_write_png_and_csv(df, tmp_path):
     assert ",pilot," in curves and ",diverged," in curves
 
 
-def test_report_renders_in_order(race, tmp_path):
-    out = build_report([race], tmp_path)
+def test_report_renders_in_order(race_dir, tmp_path):
+    out = build_report([race_dir], tmp_path)
     for name in ("loss_curves.png", "time_to_target.png", "decomposition.png",
                  "loss_curves.csv", "time_to_target.csv", "decomposition.csv"):
         assert out[name].is_file(), name
@@ -360,7 +360,7 @@ def test_old_format_records_still_load(tmp_path):
     df = load_frame([tmp_path])
     runs = training.runs_table(df)
     assert runs["train_time"].isna().all() and len(runs) == 4
-    h = row(training.comparison_table(df), variant="haares")
+    h = row(race.comparison_table(df), variant="haares")
     assert h["n"] == 1 and h["time_ratio"] == pytest.approx(4.5 / 3.0)
     assert h["time_per_seed"] == f"1.50, > {4.5 / 4.5:.3g}"
     assert h["steps_per_seed"] == f"1.50, > {30 / 30:.3g}"
@@ -370,8 +370,8 @@ def test_old_format_records_still_load(tmp_path):
 def test_no_training_rows(tmp_path):
     (tmp_path / RECORDS_FILE).write_text("")
     df = load_frame([tmp_path])
-    assert training.runs_table(df).empty and training.comparison_table(df).empty
-    assert training.sentences(df) == [] and training.smoke_runs(df) == []
+    assert training.runs_table(df).empty and race.comparison_table(df).empty
+    assert race.sentences(df) == [] and training.smoke_runs(df) == []
     assert loss_curves(df, tmp_path) is None and time_to_target(df, tmp_path) is None
     out = build_report([tmp_path])
     md = out["report.md"].read_text(encoding="utf-8")
@@ -407,7 +407,7 @@ def test_run_at_the_target_from_step_0_forms_no_ratio(tmp_path):
     with RunWriter(tmp_path, run_id="race", session="s2", base={"device": "cpu"}) as w:
         at_start_run(w, "haares", 2)
     df = load_frame([tmp_path])
-    h = row(training.comparison_table(df), variant="haares", baseline="prenorm")
+    h = row(race.comparison_table(df), variant="haares", baseline="prenorm")
     ratios = [time_of("haares", s) / time_of("prenorm", s) for s in (0, 1)]
     assert h["n"] == 2 and h["missing"] == 1 and h["censored"] == 0
     assert h["time_ratio"] == pytest.approx(gmean_ci(ratios)[0])
@@ -415,7 +415,7 @@ def test_run_at_the_target_from_step_0_forms_no_ratio(tmp_path):
     assert h["dropped"] == f"seed 2: haares {training.AT_START}"
     assert h["loss_n"] == 3  # its loss at the budget is still a result
     assert row(training.runs_table(df), variant="haares", seed=2)["note"] == training.AT_START
-    assert set(training.ratio_points(df)["seed"]) == {0, 1}
+    assert set(race.ratio_points(df)["seed"]) == {0, 1}
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
     assert "seed 2: haares reached the target at step 0: the target is not below the starting " \
            "loss" in md
@@ -432,10 +432,10 @@ def test_loss_at_equal_wall_clock_counts_the_pairs(table):
     s = say.training_sentence(h)
     assert (f"; at equal wall-clock (5.55 s; 1 of 2 pairs, the other ended sooner) "
             f"{say.fmt_signed(diff)} nats (1 pair: no test).") in s
-    assert row(training.comparison_display(table), router="haares",
+    assert row(race.comparison_display(table), router="haares",
                baseline="block_attnres")["pairs at T*"] == "1 of 2"
     full = row(table, variant="haares", baseline="prenorm")
-    assert row(training.comparison_display(table), router="haares",
+    assert row(race.comparison_display(table), router="haares",
                baseline="prenorm")["pairs at T*"] == "3"
     two_short = say.training_sentence({**full, "wall_n": 2, "wall_short": 2})
     assert (f"at equal wall-clock (5.55 s; 2 of 4 pairs, the other 2 ended sooner) "
@@ -469,10 +469,10 @@ def test_all_runs_skipped(tmp_path):
                    target={"source": "given", "value": 2.5})
     (tmp_path / "overhead.csv").write_text("run_id\n")  # stale, from an earlier report
     df = load_frame([tmp_path])
-    table = training.comparison_table(df)
+    table = race.comparison_table(df)
     h = row(table, variant="haares", baseline="prenorm")
     assert h["not_measured"] == WHY_SKIPPED and h["target_loss"] == 2.5
-    assert training.sentences(df) == [f"haares vs prenorm: not measured ({WHY_SKIPPED})."]
+    assert race.sentences(df) == [f"haares vs prenorm: not measured ({WHY_SKIPPED})."]
     runs = training.runs_table(df)
     assert list(runs["target_loss"]) == [2.5, 2.5]
     assert say.runs_sentence(runs) == f"Runs: 2 measured, both skipped ({WHY_SKIPPED})."
@@ -492,7 +492,7 @@ def test_runs_sentence_of_one_or_many_unmeasured_runs(tmp_path):
     assert say.runs_sentence(runs) == f"Runs: 4 measured, all 4 skipped ({WHY_SKIPPED})."
     assert say.runs_sentence(runs.iloc[:1]) == f"Runs: 1 measured, skipped ({WHY_SKIPPED})."
     md = build_report([tmp_path])["report.md"].read_text(encoding="utf-8")
-    assert "Pooled over seeds" not in md and training.METHOD not in md  # nothing to pool
+    assert "Pooled over seeds" not in md and race.METHOD not in md  # nothing to pool
 
 
 def test_protocol_line_and_run_labels(tmp_path):
@@ -514,16 +514,16 @@ def test_protocol_line_and_run_labels(tmp_path):
         train_manifest(d, run_id, precision=precision, seeds=[0])
         dirs.append(d)
     df = load_frame(dirs)
-    manifests = tables.load_manifests(dirs)
-    said = training.sentences(df, manifests=manifests)
+    manifests = frame.load_manifests(dirs)
+    said = race.sentences(df, manifests=manifests)
     assert [s.split("]")[0] + "]" for s in said] == ["[run bf1, bf16-mixed]", "[run fp, fp32]"]
     assert said[0].startswith("[run bf1, bf16-mixed] haares reached 2.000 nats in 0.96×")
     one = load_frame(dirs[:1])
-    assert training.sentence_prefixes(one, training.comparison_table(one), manifests) == [""]
+    assert training.sentence_prefixes(one, race.comparison_table(one), manifests) == [""]
     with RunWriter(tmp_path / "solo", run_id="solo", session="s", base={"device": "cpu"}) as w:
         measured_run(w, "prenorm", 0, 50, 0.1)  # a second run without a comparison of its own
     two = load_frame(dirs[:1] + [tmp_path / "solo"])
-    assert training.sentence_prefixes(two, training.comparison_table(two)) == ["[run fp] "]
+    assert training.sentence_prefixes(two, race.comparison_table(two)) == ["[run fp] "]
     md = build_report(dirs, tmp_path / "both")["report.md"].read_text(encoding="utf-8")
     sec = md.split("## Training race: time to target loss\n\n")[1]
     assert sec.startswith("Run bf1: backend eager, precision bf16-mixed, grad-accum 1")
@@ -548,7 +548,7 @@ def test_train_only_report_layout(tmp_path):
         assert cell in md, cell
     assert "at equal wall-clock (0.0180 s; 1 pair)" in md
     # one protocol paragraph, consistent with the CPU note
-    assert md.count(training.METHOD) == 1 and CPU_RACE_NOTE in md
+    assert md.count(race.METHOD) == 1 and CPU_RACE_NOTE in md
     assert "interpolated linearly" in CPU_RACE_NOTE and "cadence" not in CPU_RACE_NOTE
 
 

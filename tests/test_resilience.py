@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import faults
-from harness.cases import expand
-from harness.measure import SweepOptions
-from harness.records import (ABORTED_DIR, END, PENDING_DIR, RECORDS_FILE, completed_cases, load_rows, units,
-                             read_jsonl)
-from harness.rundir import RunWriter
-from harness.sweep import run_sweep
-from harness.timing import TimingPolicy
+from harness.rundir import faults
+from harness.rundir.records import (ABORTED_DIR, END, PENDING_DIR, RECORDS_FILE, completed_cases, load_rows,
+                                    read_jsonl, units)
+from harness.rundir.writer import RunWriter
+from harness.sweep.cases import expand
+from harness.sweep.options import SweepOptions
+from harness.sweep.run import run_sweep
+from harness.timing.timer import TimingPolicy
 from workloads.config import PRESETS
 
 CLI = [sys.executable, "-m", "harness.cli"]

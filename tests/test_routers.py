@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 from routers import ROUTERS, block_layout, build_router, default_n_blocks, router_options
-from workloads.config import ConfigError, DecoderConfig
+from routers.errors import ConfigError
+from workloads.config import DecoderConfig
 from workloads.decoder import Decoder, parameter_counts
 
 BLOCK_ROUTERS = ("block_attnres", "full_attnres", "haares", "wav_v1")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reports import build_report
-from reports.figures import png_size
+from reports.plotting import png_size
 
 ROOT = Path(__file__).resolve().parents[1]
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -18,7 +18,8 @@ BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium on PATH (Debian: apt install chromium)")
 def test_a_report_page_renders_in_headless_chromium(tmp_path):
     from test_noise import _rows_b  # a small paired eager/compiled fixture (tests/ is on sys.path)
-    from harness.rundir import RunWriter
+
+    from harness.rundir.writer import RunWriter
     with RunWriter(tmp_path / "run", "r", "s", base={"device": "cpu"}) as w:
         with w.unit(["x"], kind="group") as u:
             for backend, ratio in (("eager", 1.2), ("compile", 1.1)):

@@ -10,9 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.records import completed_cases, load_rows
+from harness.rundir.records import completed_cases, load_rows
 from harness.spec import RunSpec, TrainSpec, load, to_toml
-from routers.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +269,7 @@ def test_the_fallback_writer_gives_the_same_document():
 
 def test_a_run_dir_is_resumed_only_by_its_own_command_and_readable_spec(tmp_path, no_models):
     base = ["--out", str(tmp_path), "--device", "cpu"]
-    from harness.env import device_slug
+    from harness.rundir.environment import device_slug
     d = tmp_path / device_slug("cpu") / "r1"
     d.mkdir(parents=True)
     (d / "spec.toml").write_text('command = "train"\n[training]\ntarget_loss = 2.0\n')
@@ -318,7 +317,8 @@ def test_saved_specs_replay_from_anywhere(tmp_path, monkeypatch):
 
 def test_default_run_ids_differ_between_processes():
     import os
-    from harness.env import new_run_id
+
+    from harness.rundir.environment import new_run_id
     rid = new_run_id()
     assert rid.endswith(f"-{os.getpid()}") and len(rid.split("-")) == 3
 
@@ -330,8 +330,8 @@ def test_report_errors_are_one_line(tmp_path):
     _one_line_error(CliRunner().invoke(main, ["summary", str(tmp_path / "nope")]), "does not exist")
     (tmp_path / "file.txt").write_text("x")
     _one_line_error(CliRunner().invoke(main, ["summary", str(tmp_path / "file.txt")]), "is not a directory")
-    from harness.cases import expand
-    from harness.rundir import RunWriter
+    from harness.rundir.writer import RunWriter
+    from harness.sweep.cases import expand
     from workloads.config import PRESETS
     case = expand(["prenorm"], PRESETS["cpu-quick"], [16], [2], modes=["fwd"])[0]
     for rid in ("a", "b"):

@@ -1,4 +1,4 @@
-"""``routerbench study depth`` (harness/study.py, harness/spec/study.py, reports/study.py): the block
+"""``routerbench study depth`` (harness/training/study.py, harness/spec/study.py, reports/study.py): the block
 layout held fixed across depths, the table against the records, the paired statistics, the estimate
 before training, and resume after a kill. CPU eager, 2 routers × depths {2, 4} × 1 seed × 10 steps."""
 
@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from scipy import stats as st
 
 from harness.cli import main
-from harness.records import load_rows
+from harness.rundir.records import load_rows
 from harness.spec.base import load
 from harness.spec.study import TINY_LABEL, StudySpec
 from reports.study import NO_TEST_ONE, depth_table, study_runs

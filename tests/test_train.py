@@ -1,5 +1,5 @@
-"""Time to target: pairing by seed, schedules, resume, divergence, pilot (harness/train.py,
-harness/schedule.py, ``routerbench train``). CPU eager at a tiny shape, fixed thread count."""
+"""Time to target: pairing by seed, schedules, resume, divergence, pilot (harness/training/run.py,
+harness/training/schedule.py, ``routerbench train``). CPU eager at a tiny shape, fixed thread count."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import torch
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.records import load_rows, units
-from harness.rundir import RunWriter
-from harness.schedule import Trainer, choose_schedule, parameter_count
-from harness.train import TrainConfig, TrainRun, default_eval_every
+from harness.rundir.records import load_rows, units
+from harness.rundir.writer import RunWriter
+from harness.training.config import TrainConfig, default_eval_every
+from harness.training.run import TrainRun
+from harness.training.schedule import Trainer, choose_schedule, parameter_count
 from workloads.config import DecoderConfig
 from workloads.data import prepare_corpus_from_text, stdlib_text
 from workloads.decoder import Decoder

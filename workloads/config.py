@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from routers.errors import ConfigError  # re-exported: the error of every bad option
+from routers.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -158,7 +158,7 @@ class TrainingPreset:
     ``d_model``, ``n_layers`` and ``seq_len`` repeat the shape's own values (checked equal at
     import) so their source is stated beside them. ``global_batch`` is the number of sequences per
     optimizer step; the shape's ``batch_size`` is a micro-batch of it (``grad_accum`` of them).
-    The learning rate follows ``harness.train.TrainConfig``'s schedule: linear warm-up over
+    The learning rate follows ``harness.training.config.TrainConfig``'s schedule: linear warm-up over
     ``warmup_steps``, then cosine decay to 10 % at ``max_steps``.
 
     Raises:

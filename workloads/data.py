@@ -1,10 +1,12 @@
-"""Char-level corpora, the embedded stdlib corpus, and token batches.
+"""Corpora on disk (char-level, and token ids imported from nanoGPT's files), preparing a char
+corpus from text, and the embedded stdlib corpus. Batches of a corpus: :mod:`workloads.batches`.
 
 A corpus is a directory with ``train.bin`` and ``val.bin`` (raw token ids, uint8 when the vocabulary
 has <= 256 symbols, else uint16) and ``vocab.json``. The last ``val_fraction`` of the text is the
 validation split: contiguous, never shuffled, so it is text the model has not seen nearby.
 A ``vocab.json`` with ``"kind": "tokens"`` is a corpus of an external tokenizer's ids imported
-from nanoGPT's files (:mod:`workloads.corpora`); :meth:`CharCorpus.load` opens both kinds.
+from nanoGPT's files (:class:`TokenCorpus`, made by :mod:`workloads.corpora`); :meth:`CharCorpus.load`
+opens both kinds.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import torch
 
 from routers.errors import ConfigError
 
+from .text8 import NORMALIZERS, text8_normalize
+
 PREPARE_HINT = "run `routerbench data prepare --text FILE --out DIR` to make one"
 FILES = ("train.bin", "val.bin", "vocab.json")
 #: characters encoded per chunk when writing a corpus (bounds the int64 ids held at once)
@@ -44,7 +48,7 @@ class CharCorpus:
     ``vocab_size`` (int), ``dtype`` (np.uint8 or np.uint16), ``sha256`` (hex digest of the source
     text bytes; with ``--normalize text8``, of the normalised text), ``source`` (str), ``val_fraction`` (float), ``train`` / ``val`` (1-D np.memmap of
     token ids, dtype ``dtype``), ``kind`` ("chars"; "tokens" for a
-    :class:`workloads.corpora.TokenCorpus`).
+    :class:`TokenCorpus`).
     """
 
     kind = "chars"
@@ -64,7 +68,7 @@ class CharCorpus:
     @classmethod
     def load(cls, path: str | Path) -> "CharCorpus":
         """Open the corpus in directory ``path``: a :class:`CharCorpus`, or a
-        :class:`workloads.corpora.TokenCorpus` when vocab.json says ``"kind": "tokens"``.
+        :class:`TokenCorpus` when vocab.json says ``"kind": "tokens"``.
 
         Raises FileNotFoundError (naming ``--data DIR`` and the prepare command) when the directory or
         one of its files is missing, ValueError when vocab.json is unreadable or a .bin file's size
@@ -79,7 +83,6 @@ class CharCorpus:
             meta = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
             kind = meta.get("kind", "chars")
             if kind == "tokens":
-                from workloads.corpora import TokenCorpus
                 return TokenCorpus(path, meta)
             if kind != "chars":
                 raise ValueError(f"unknown kind {kind!r} in vocab.json")
@@ -148,6 +151,78 @@ def _memmap(path: Path, dtype: np.dtype, n: int) -> np.memmap:
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
 
 
+
+#: token ids of a token corpus: nanoGPT writes np.uint16, little-endian on every machine it runs on
+TOKEN_DTYPE = np.dtype("<u2")
+
+
+class TokenCorpus(CharCorpus):
+    """A corpus of token ids from an external tokenizer, memory-mapped read-only.
+
+    Same attributes as :class:`CharCorpus`, which training uses (``path``, ``vocab_size``,
+    ``dtype``, ``sha256``, ``source``, ``val_fraction``, ``train``, ``val``), with ``chars`` empty
+    and ``kind == "tokens"``; ``vocab_size`` is the one given at import (ids are < it), ``dtype``
+    little-endian uint16, ``sha256`` the digest of the two files' digests (``train_sha256``,
+    ``val_sha256``, computed once at import), ``storage`` how the files came ("copy", "hardlink",
+"symlink", "in place"). :meth:`encode` and :meth:`decode` raise
+    NotImplementedError: the corpus holds ids, not characters.
+
+    Opening trusts ``vocab.json`` (it does not re-hash or re-scan gigabytes of ids), but checks
+    that each file's size agrees with ``n_train`` / ``n_val``.
+    """
+
+    kind = "tokens"
+
+    def __init__(self, path: Path, meta: dict):
+        self.path = Path(path)
+        if meta["kind"] != self.kind:
+            raise ValueError(f"vocab.json has kind {meta['kind']!r}, not {self.kind!r}")
+        self.chars = ()
+        self._codes = np.zeros(0, dtype=np.uint32)
+        self.vocab_size = check_vocab_size(meta["vocab_size"], "vocab.json vocab_size")
+        if np.dtype(meta["dtype"]) != np.dtype(np.uint16):
+            raise ValueError(f"vocab.json dtype is {meta['dtype']!r}; a token corpus holds uint16 ids")
+        self.dtype = TOKEN_DTYPE
+        if int(meta.get("max_id", -1)) >= self.vocab_size:
+            raise ValueError(f"vocab.json max_id {meta['max_id']} is not below vocab_size {self.vocab_size}")
+        self.sha256: str = meta["sha256"]
+        self.source: str = meta["source"]
+        self.train_sha256: str = meta["train_sha256"]
+        self.val_sha256: str = meta["val_sha256"]
+        self.storage: str = meta.get("storage", "copy")
+        n_train, n_val = int(meta["n_train"]), int(meta["n_val"])
+        self.val_fraction = n_val / (n_train + n_val)
+        self.train = _memmap(self.path / "train.bin", self.dtype, n_train)
+        self.val = _memmap(self.path / "val.bin", self.dtype, n_val)
+
+    def _no_text(self, what: str):
+        raise NotImplementedError(
+            f"cannot {what} with a token corpus ('{self.path}', {self.source}): it holds ids of an "
+            f"external tokenizer (vocab {self.vocab_size}), not characters; use that tokenizer")
+
+    def encode(self, text: str) -> np.ndarray:
+        """Raises NotImplementedError: a token corpus has no characters."""
+        self._no_text("encode text")
+
+    def decode(self, ids) -> str:
+        """Raises NotImplementedError: a token corpus has no characters."""
+        self._no_text("decode ids")
+
+    def __repr__(self) -> str:
+        return (f"TokenCorpus('{self.path}', vocab_size={self.vocab_size}, train={len(self.train)}, "
+                f"val={len(self.val)}, sha256={self.sha256[:12]})")
+
+
+def check_vocab_size(v, label: str = "--vocab-size") -> int:
+    """``v`` as an int if it can be a token corpus's vocabulary (1..65536: ids are stored as uint16).
+
+    Raises:
+        ValueError: naming ``label``.
+    """
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 65536:
+        raise ValueError(f"{label} must be an int in [1, 65536] (ids are stored as uint16), got {v!r}")
+    return int(v)
+
 def _check_val_fraction(val_fraction: float) -> float:
     if isinstance(val_fraction, bool) or not (isinstance(val_fraction, numbers.Real)
                                               and 0 < val_fraction <= 0.5):
@@ -160,7 +235,7 @@ def prepare_corpus(text: str | Path, out_dir: str | Path, val_fraction: float = 
     """Make a corpus in ``out_dir`` from the utf-8 text file at path ``text``.
 
     ``normalize``: "none" keeps the text as it is; "text8" applies text8's rules first
-    (:func:`workloads.corpora.text8_normalize`: lowercase a-z words, digits spelled out, single
+    (:func:`workloads.text8.text8_normalize`: lowercase a-z words, digits spelled out, single
     spaces), any bytes accepted. The sha256 recorded is that of the file's bytes, or with "text8"
     that of the normalised text (vocab.json then also has ``normalize`` and ``source_sha256``, the
     file's); ``source`` defaults to the file name. Raises FileNotFoundError ("--text FILE: no such
@@ -171,8 +246,8 @@ def prepare_corpus(text: str | Path, out_dir: str | Path, val_fraction: float = 
     """
     path = Path(text)
     val_fraction = _check_val_fraction(val_fraction)
-    if normalize not in ("none", "text8"):
-        raise ValueError(f"--normalize must be one of none, text8, got {normalize!r}")
+    if normalize not in NORMALIZERS:
+        raise ValueError(f"--normalize must be one of {', '.join(NORMALIZERS)}, got {normalize!r}")
     if not path.is_file():
         what = ("is a directory, not a file" if path.is_dir() else
                 "is not a regular file" if path.exists() else "no such file")
@@ -180,7 +255,6 @@ def prepare_corpus(text: str | Path, out_dir: str | Path, val_fraction: float = 
     raw = path.read_bytes()
     sha = hashlib.sha256(raw).hexdigest()
     if normalize == "text8":
-        from workloads.corpora import text8_normalize
         decoded = text8_normalize(raw)
         del raw
         return _write_corpus(decoded, hashlib.sha256(decoded.encode("ascii")).hexdigest(), out_dir,
@@ -306,63 +380,3 @@ def default_corpus(cache_dir: str | Path, max_bytes: int = 4_000_000) -> CharCor
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return CharCorpus.load(final)
-
-
-def _check_split(data: np.ndarray, batch_size: int, seq_len: int) -> int:
-    if seq_len < 1:
-        raise ValueError(f"--seq-len must be >= 1, got {seq_len}")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    if len(data) < seq_len + 1:
-        raise ValueError(f"--seq-len {seq_len} needs at least {seq_len + 1} tokens in the split, which "
-                         f"has {len(data)}; use a smaller --seq-len or a larger corpus")
-    return len(data)
-
-
-def _windows(data: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    chunk = torch.from_numpy(np.asarray(data[offsets[:, None] + np.arange(seq_len + 1)], np.int64))
-    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
-
-
-def random_batches(data: np.ndarray, batch_size: int, seq_len: int,
-                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of random windows of ``data`` (1-D token ids), offsets drawn with ``generator``.
-
-    Returns (x, y), CPU int64 tensors of shape (batch_size, seq_len) with y[:, t] == x[:, t+1] for
-    t < seq_len-1 (y is x shifted by one token). A seeded CPU generator fixes the sequence of batches.
-    Raises ValueError naming ``--seq-len`` when ``data`` has fewer than seq_len+1 tokens.
-    """
-    n = _check_split(data, batch_size, seq_len)
-    offsets = torch.randint(0, n - seq_len, (batch_size,), generator=generator).numpy()
-    return _windows(data, offsets, seq_len)
-
-
-def fixed_val_batches(data: np.ndarray, batch_size: int, seq_len: int,
-                      n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n_batches`` evaluation batches at evenly spaced offsets over ``data``; identical every call.
-
-    Returns a list of (x, y) CPU int64 tensors of shape (batch_size, seq_len), y being x shifted by
-    one. Windows overlap when the split is short. Raises ValueError naming ``--seq-len`` when
-    ``data`` has fewer than seq_len+1 tokens, or naming ``n_batches`` when it is < 1.
-    """
-    n = _check_split(data, batch_size, seq_len)
-    if n_batches < 1:
-        raise ValueError(f"n_batches must be >= 1, got {n_batches}")
-    offsets = np.linspace(0, n - seq_len - 1, batch_size * n_batches).round().astype(np.int64)
-    return [_windows(data, o, seq_len) for o in offsets.reshape(n_batches, batch_size)]
-
-
-def synthetic_batch(vocab_size: int, batch_size: int, seq_len: int, seed: int = 0,
-                    device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniform random tokens for pure cost runs, drawn on the CPU so a seed gives the same batch on
-    every device.
-
-    Returns (x, y), int64 tensors on ``device`` of shape (batch_size, seq_len), ids in
-    [0, vocab_size), y being x shifted by one. Raises ValueError for a non-positive size.
-    """
-    for name, v in (("vocab_size", vocab_size), ("--batch-size", batch_size), ("--seq-len", seq_len)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=g)
-    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)

@@ -24,7 +24,7 @@ NORM_EPS = 1e-6
 
 #: Wrap router and sublayer calls of :meth:`Decoder.forward` in ``torch.profiler.record_function``
 #: labels (``router.init/read/write/output``, ``sublayer.attn/mlp``). Off by default, switched on
-#: by ``harness.profile`` while it traces an eager step: with no profiler running a label still
+#: by ``harness.sweep.profile`` while it traces an eager step: with no profiler running a label still
 #: costs a few µs of dispatch, 6·L+2 of them per forward, which moves a small CPU step.
 PROFILE_LABELS = False
 

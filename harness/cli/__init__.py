@@ -9,9 +9,13 @@ and stop cleanly on SIGINT/SIGTERM (:class:`harness.cli.common.Run`).
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
+#: What this package may import (DESIGN.md, "Layers"; checked by tests/test_layers.py): every stage.
+MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.step", "harness.timing",
+              "harness.costs", "harness.sweep", "harness.training", "harness.spec", "reports", "harness.ci")
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
 
 
 def _interrupted_while_loading(signum, frame):  # Ctrl-C while torch loads: no traceback

@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import click
 
+from harness.rundir.environment import device_slug, new_run_id, write_manifest
+from harness.rundir.records import SPEC_FILE
+from harness.rundir.writer import RunWriter
 from routers.errors import ConfigError
 
-from ..env import device_slug, new_run_id, write_manifest
-from ..records import SPEC_FILE
-from ..rundir import RunWriter
 from ..spec import load, to_toml, write_toml
 from ..spec.base import flag, leaves, tomllib
 
@@ -126,7 +126,7 @@ class Run:
         self.command, self.spec, self.out = command, spec, out
         self.resumed = (self.dir / SPEC_FILE).exists() or (self.dir / "records.jsonl").exists()
         if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 alone writes and locks
-            from ..rundir import NullRunWriter
+            from harness.rundir.writer import NullRunWriter
             self.writer = NullRunWriter(self.dir, self.run_id)
             return
         self.writer = RunWriter(self.dir, self.run_id, new_run_id(),
@@ -204,7 +204,7 @@ class Run:
         interrupt prints ``interrupted: N of M done; resume with: <command>`` and exits 130
         (SIGINT) or 143 (SIGTERM); a full disk exits 1 with one ``routerbench: error:`` line.
         """
-        from ..rundir import DiskFullError
+        from harness.rundir.writer import DiskFullError
         try:
             with interruptible():
                 yield

@@ -1,5 +1,5 @@
 """``routerbench diagnose RUN_DIR``: what a trained router learned, from the last checkpoint of
-each training run (:mod:`harness.diagnose` computes, :mod:`reports.diagnose` writes)."""
+each training run (:mod:`harness.training.diagnose` computes, :mod:`reports.diagnose` writes)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``routerbench gate``: a CI gate on paired timing ratios (the rules and verdicts:
-:mod:`harness.gate`; here: which files are read and written, and what is printed)."""
+:mod:`harness.ci.gate`; here: which files are read and written, and what is printed)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
+from harness.rundir.records import RECORDS_FILE
 from routers.errors import ConfigError
 
-from ..records import RECORDS_FILE
 from .report import run_dirs
 
 COLUMNS = ["rule", "metric", "case", "ratio", "95 % CI", "limit", "verdict", "note"]
@@ -23,7 +23,7 @@ COLUMNS = ["rule", "metric", "case", "ratio", "95 % CI", "limit", "verdict", "no
 def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
     """The run directories named by ``paths``: run directories, folders holding them
     (:func:`harness.cli.report.run_dirs`), or pytest-benchmark JSON files, each converted into a
-    run directory under ``tmp`` (:func:`harness.benchjson.to_run_dir`).
+    run directory under ``tmp`` (:func:`harness.ci.benchjson.to_run_dir`).
 
     Raises:
         ConfigError: a path that is neither, a folder without run directories, a malformed JSON.
@@ -32,9 +32,9 @@ def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
     for i, p in enumerate(map(Path, paths)):
         if p.is_file() and p.suffix == ".json":
             try:
-                from ..benchjson import to_run_dir
+                from harness.ci.benchjson import to_run_dir
             except ImportError:
-                raise ConfigError(f"{what}: {p}: reading pytest-benchmark JSON needs harness.benchjson, "
+                raise ConfigError(f"{what}: {p}: reading pytest-benchmark JSON needs harness.ci.benchjson, "
                                   "missing from this checkout") from None
             out.append(Path(to_run_dir(p, tmp / f"{i}-{p.stem}")))
         elif p.is_dir():
@@ -161,7 +161,7 @@ def baseline_blockers(table) -> str:
     """Why this run must not become the baseline ("" when it may): a failed check (a regression
     would become the reference) or a check left inconclusive for another reason than the want of a
     baseline (a busy machine, a straddling interval: an uncertain reference)."""
-    from harness.gate import NO_CASE
+    from harness.ci.gate import NO_CASE
     failed = int((table["verdict"] == "fail").sum())
     if failed:
         return f"{failed} check(s) failed"
@@ -173,7 +173,7 @@ def baseline_blockers(table) -> str:
 
 
 def _frame(dirs, what: str):
-    from reports.tables import load_frame
+    from reports.frame import load_frame
     try:
         return load_frame(dirs)
     except (FileNotFoundError, ValueError) as exc:
@@ -198,7 +198,7 @@ def _names(paths) -> str:
               help="Also write the table as GitHub markdown to FILE (e.g. for $GITHUB_STEP_SUMMARY).")
 @click.option("--noise-thresholds", default=None, metavar="JSON",
               help='Thresholds of a busy machine or noisy timing, e.g. \'{"cpu_pressure_max": 0.3}\' '
-                   "(keys and defaults: harness/noise.py THRESHOLDS). A check timed while the machine "
+                   "(keys and defaults: harness/timing/noise.py THRESHOLDS). A check timed while the machine "
                    "was busy (cpu_pressure, cpu_util) is inconclusive.")
 def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown, noise_thresholds) -> None:
     """Check paired timing ratios of RESULTS (run dirs, folders holding them, or pytest-benchmark
@@ -208,17 +208,18 @@ def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown, n
     A check fails only when the ratio's whole 95 % CI lies above 1 + max_pct/100, passes when it
     lies at or below, and is inconclusive otherwise. overhead_growth rules are skipped without
     --baseline, inconclusive while DIR is empty. A check whose group was timed on a busy machine
-    (harness/noise.py) is inconclusive. --update-baseline stores RESULTS only when no check failed
+    (harness/timing/noise.py) is inconclusive. --update-baseline stores RESULTS only when no check failed
     and none was inconclusive except for want of a baseline. Exit status: 0 all pass, 1 a rule
     failed, 3 only inconclusive besides passes (--strict: 1), 2 bad input.
     """
-    from harness import gate
+    from harness.ci import gate
+    from harness.ci import rules as gate_rules
     from reports.paired import paired_rows
     if update_baseline and baseline is None:
         raise ConfigError("--update-baseline needs --baseline DIR (the folder to write the baseline to)")
     from .report import parse_noise_thresholds
     thresholds = parse_noise_thresholds(noise_thresholds)
-    rules = gate.load_rules(rules_path)
+    rules = gate_rules.load_rules(rules_path)
     base_dir = Path(baseline) if baseline is not None else None
     for r in results if base_dir is not None else ():
         a, b = Path(r).resolve(), base_dir.resolve()

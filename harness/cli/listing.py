@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import click
 
+from harness.step.backends import BACKENDS
+from harness.step.modes import MODES
+from harness.sweep.cases import offered_impls
 from routers import ROUTERS, router_class, router_options
 from workloads.config import PRESETS, TRAINING_PRESETS
-
-from ..backends import BACKENDS
-from ..cases import offered_impls
-from ..modes import MODES
 
 
 @click.command("list")

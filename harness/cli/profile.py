@@ -19,7 +19,7 @@ def profile_cmd(config, **cli) -> None:
     to this device's grid base (CPU: d=64, 4 layers, T=64, B=8)."""
     import torch
 
-    from ..profile import profile_case
+    from harness.sweep.profile import profile_case
 
     spec, _ = load_spec(ProfileSpec, cli, config)
     p, case = spec.profile, spec.case()
@@ -71,7 +71,7 @@ def _set_aside_partial_outputs(run: Run) -> None:
         os.replace(p, dest / p.name)
 
 
-#: What ``harness.profile.profile_case`` writes beside the records.
+#: What ``harness.sweep.profile.profile_case`` writes beside the records.
 PROFILE_OUTPUTS = ("trace", "router_share.csv", "router_share.png", "memory_snapshot.pickle")
 
 COMMANDS = (profile_cmd,)

@@ -6,22 +6,21 @@ from pathlib import Path
 
 import click
 
+from harness.rundir.records import RECORDS_FILE
 from routers.errors import ConfigError
-
-from ..records import RECORDS_FILE
 
 
 def run_dirs(results, bench_out: str = "beside") -> list[Path]:
     """The run directories named by RESULTS: each one itself, or every run directory below it; a
     pytest-benchmark JSON (``*.json``) is converted to a run directory first
-    (:func:`harness.benchjson.to_run_dir`): ``bench_out="beside"`` writes it beside the file
+    (:func:`harness.ci.benchjson.to_run_dir`): ``bench_out="beside"`` writes it beside the file
     (``bench.json`` -> ``bench/``, where its report goes), ``"temp"`` into a temporary directory
     removed when the process exits (for commands that only read).
 
     Raises:
         ConfigError: a path that does not exist or holds no run directory, or a malformed JSON.
     """
-    from ..benchjson import default_out, is_bench_json, to_run_dir
+    from harness.ci.benchjson import default_out, is_bench_json, to_run_dir
     out: list[Path] = []
     for r in results:
         d = Path(r)
@@ -75,7 +74,7 @@ def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
 @click.option("--out", default=None, metavar="DIR", help="Output dir (default: the run dir when there is one).")
 @click.option("--noise-thresholds", default=None, metavar="JSON",
               help='Thresholds of a noisy group, e.g. \'{"cpu_pressure_max": 0.3}\' (keys and defaults: '
-                   "harness/noise.py THRESHOLDS).")
+                   "harness/timing/noise.py THRESHOLDS).")
 def report_cmd(results, out, noise_thresholds) -> None:
     """Tables, seaborn figures, report.html and report.md from run dirs (or folders holding them),
     or from a pytest-benchmark JSON of tests/benchmarks (converted to a run dir beside it:
@@ -85,14 +84,14 @@ def report_cmd(results, out, noise_thresholds) -> None:
 
 def parse_noise_thresholds(text: str | None) -> dict | None:
     """The thresholds of ``--noise-thresholds JSON`` (missing keys take the defaults of
-    :data:`harness.noise.THRESHOLDS`), or None when the option is not given.
+    :data:`harness.timing.noise.THRESHOLDS`), or None when the option is not given.
 
     Raises:
         ConfigError: not a JSON object, an unknown key or a value that is not a finite number.
     """
     import json
 
-    from ..noise import check_thresholds
+    from harness.timing.noise import check_thresholds
     if text is None:
         return None
     try:
@@ -111,7 +110,8 @@ def parse_noise_thresholds(text: str | None) -> dict | None:
 @click.argument("results", nargs=-1, required=True)
 def summary_cmd(results) -> None:
     """Print step time per case: vs prenorm, vs eager, and compile/capture time apart."""
-    from reports.tables import backend_table, load_frame
+    from reports.frame import load_frame
+    from reports.tables import backend_table
     t = backend_table(load_frame(run_dirs(results, bench_out="temp")))
     if t.empty:
         click.echo("no ok step_time rows")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..paired import timing_manifest
+from harness.sweep.options import timing_manifest
+
 from ..spec import RunSpec
 from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
 from .common import Run, load_spec, spec_options
@@ -19,11 +20,10 @@ def run_cmd(config, **cli) -> None:
 
     Shapes: the device grid (CPU: d=64,128 x 4,8 layers), or with --preset that preset's one shape;
     --widths and --depths override either."""
+    from harness.costs.bandwidth import record_bandwidth
+    from harness.sweep.run import run_sweep
+    from harness.training.config import TrainConfig
     from workloads.config import preset
-
-    from ..bandwidth import record_bandwidth
-    from ..sweep import run_sweep
-    from ..train import TrainConfig
 
     spec, labels = load_spec(RunSpec, cli, config)
     cases = spec.cases()
@@ -37,8 +37,9 @@ def run_cmd(config, **cli) -> None:
     run = Run("run", spec)
     from dataclasses import replace
 
-    from ..schedule import MEMORY_FRACTION, available_bytes
-    from ..sweep import split_groups
+    from harness.costs.memory import available_bytes
+    from harness.sweep.plan import split_groups
+    from harness.training.schedule import MEMORY_FRACTION
     budget = int(MEMORY_FRACTION * available_bytes(run.device))  # a group must fit in half the free memory
     opts = replace(opts, group_budget_bytes=budget)
     split = split_groups(cases, opts.paired, budget)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import click
 
+from harness.rundir.records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
+                                    completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl,
+                                    units)
 from routers.errors import ConfigError
 
-from ..records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
-                       completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl, units)
 from ..spec import ProfileSpec, RunSpec, TrainSpec, load
-from ..spec.study import StudySpec
 from ..spec.base import tomllib
+from ..spec.study import StudySpec
 from .common import resume_command
 
 SPECS = {"run": RunSpec, "train": TrainSpec, "profile": ProfileSpec, "study depth": StudySpec}

@@ -28,9 +28,10 @@ def depth_cmd(config, **cli) -> None:
     corpus. --scale tiny: depths 4,8,16 at d=64, 200 steps, one seed, a plumbing smoke test."""
     import torch
 
-    from ..noise import THRESHOLDS
-    from ..schedule import Trainer, choose_schedule
-    from ..study import all_runs, estimate_cost, fmt_duration, groups
+    from harness.timing.noise import THRESHOLDS
+    from harness.training.schedule import Trainer, choose_schedule
+    from harness.training.study import all_runs, estimate_cost, fmt_duration, groups
+
     from .train import corpus_info, load_corpus
 
     spec, labels = load_spec(StudySpec, cli, config)
@@ -59,7 +60,7 @@ def depth_cmd(config, **cli) -> None:
         click.echo(f"block layout: {layout['held']} held fixed at {layout['value']} for "
                    f"{', '.join(layout['routers'])} (depth: blocks x layers per block = {per})")
     with run.guarded(lambda: [r.key for r in runs]):
-        from ..records import units
+        from harness.rundir.records import units
         reached = {m["segment"]["case"]: m["segment"]["step"] for m in units(run.dir) if m.get("segment")}
         left: dict[tuple[int, str], float] = {}  # runs left, a resumed run counted by its steps left
         n_left = 0

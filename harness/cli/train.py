@@ -2,7 +2,7 @@
 ``routerbench run``'s one-seed smoke race.
 
 Under ``torchrun --nproc_per_node=N $(which routerbench) train …`` the command trains every run with
-DistributedDataParallel over N processes (:mod:`harness.distributed`): the options are checked
+DistributedDataParallel over N processes (:mod:`harness.training.distributed`): the options are checked
 against ``WORLD_SIZE`` before any model is built, rank 0 alone writes and prints, and every rank
 follows rank 0's decisions.
 """
@@ -37,7 +37,7 @@ def corpus_info(corpus) -> dict:
 
 def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[str, dict, int, str]]:
     """``(router, options, seed, case key)`` of each training run, seeds outermost."""
-    from ..train import train_case_key
+    from harness.training.config import train_case_key
     return [(r, opts, seed, train_case_key(r, opts, tc, seed, corpus))
             for seed in seeds for r, opts in options_by_router.items()]
 
@@ -45,8 +45,8 @@ def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[st
 def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train") -> None:
     """Train the planned runs one after the other (the smoke race of ``routerbench run``); each
     evaluation is committed and checkpointed, so an interrupted race resumes mid-run."""
-    from ..schedule import Trainer
-    from ..train import TrainRun
+    from harness.training.run import TrainRun
+    from harness.training.schedule import Trainer
     trainer = Trainer(run.writer, run.dir, run.device, quiet, label)
     trainer.run_group([TrainRun(r, opts, corpus, tc, seed, run.device) for r, opts, seed, _ in runs])
 
@@ -58,9 +58,8 @@ def pilot_target(trainer, pilot, run: Run) -> float:
     Raises:
         click.ClickException: the pilot failed or diverged (exit 1; give --target-loss instead).
     """
-    from harness.records import load_rows
-
-    from .. import distributed
+    from harness.rundir.records import load_rows
+    from harness.training import distributed
     if not trainer.done(pilot):
         trainer.run_group([pilot])
     answer = None
@@ -88,7 +87,7 @@ def train_cmd(config, **cli) -> None:
 
     Under torchrun (torchrun --nproc_per_node=N $(which routerbench) train ...): DistributedDataParallel
     over N processes, --batch-size the global batch."""
-    from .. import distributed
+    from harness.training import distributed
 
     try:
         _train(config, cli)
@@ -105,9 +104,11 @@ def _train(config, cli) -> None:
 
     import torch
 
-    from .. import distributed
-    from ..schedule import Trainer, choose_schedule
-    from ..train import BASELINE, PILOT_SEED, TIME_TO_TARGET_METHOD, TrainRun, train_unavailable_reason
+    from harness.training import distributed
+    from harness.training.config import PILOT_SEED, TIME_TO_TARGET_METHOD, train_unavailable_reason
+    from harness.training.run import TrainRun
+    from harness.training.schedule import Trainer, choose_schedule
+    from routers import BASELINE
 
     spec, labels = load_spec(TrainSpec, cli, config)  # checks the batch against torchrun's WORLD_SIZE
     tr = spec.training
@@ -199,7 +200,7 @@ def _open_run(spec) -> Run:
     """The run directory, opened by every rank (rank 0 locks and writes; the others hold a null
     writer); an error opening it on rank 0 (a locked directory, a resumed run with other options)
     reaches every rank, so all of them exit 2 and none waits alone."""
-    from .. import distributed
+    from harness.training import distributed
     err, run = None, None
     try:
         run = Run("train", spec)

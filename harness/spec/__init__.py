@@ -8,6 +8,11 @@ resolved spec is written beside the manifest as ``spec.toml``; ``routerbench <co
 <that file>`` repeats the run.
 """
 
+#: What this package may import (DESIGN.md, "Layers"; checked by tests/test_layers.py): a spec
+#: validates against the registries of every stage it configures.
+MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.step", "harness.timing",
+              "harness.costs", "harness.sweep", "harness.training")
+
 from .base import Labels, load, to_toml, write_toml
 from .profile import ProfileSpec
 from .run import RunSpec

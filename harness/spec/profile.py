@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from routers import ROUTERS, check_router_options, router_class, router_options
+from harness.step import backends
+from harness.step.backends import BACKENDS
+from harness.step.modes import MODES
+from harness.sweep.profile import METHODS
+from routers import ROUTERS, check_router_options, router_options
 from routers.errors import ConfigError
 
-from ..backends import BACKENDS, unavailable_reason
-from ..modes import MODES
-from ..profile import METHODS
 from .base import Labels, given, option
-from .parts import (NOT_IN_FILE, Output, Single, base_shape, preset_base, check_heads, check_output, resolve_device,
-                    resolved_shape)
+from .parts import (NOT_IN_FILE, Output, Single, base_shape, check_heads, check_output, preset_base,
+                    resolve_device, resolved_shape)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class ProfileSpec:
             ConfigError: no router, contradictory impl or compile mode, a backend this device
                 cannot run, a method the backend cannot give, a bad shape or router option.
         """
-        from ..profile import check_methods, default_methods
+        from harness.sweep.profile import check_methods, default_methods
 
         s, p, out = self.shape, self.profile, self.output
         if p.router is None:
@@ -71,7 +72,7 @@ class ProfileSpec:
         dev = resolve_device(out.device, L("output.device"))
         opts = dict(p.router_options or {})
         named = opts.pop("impl", None)
-        from ..cases import offered_impls
+        from harness.sweep.cases import offered_impls
         offered = offered_impls(p.router)
         if named is not None and p.impl is not None and named != p.impl:
             raise ConfigError(f"{L('profile.impl')} {p.impl} contradicts impl={named!r} in "
@@ -85,7 +86,7 @@ class ProfileSpec:
             raise ConfigError(f"{L('profile.compile_mode')} has no effect with --backend {backend}; "
                               "use --backend compile or drop it")
         cm = (p.compile_mode or "default") if backend == "compile" else None
-        reason = unavailable_reason(backend, cm, dev)
+        reason = backends.unavailable_reason(backend, cm, dev)
         if reason:
             raise ConfigError(f"{L('profile.backend')} {backend}: {reason}; use --backend eager or compile")
         try:
@@ -116,9 +117,10 @@ class ProfileSpec:
         )
 
     def case(self):
-        """The profiled :class:`~harness.cases.Case` of a resolved spec."""
+        """The profiled :class:`~harness.sweep.cases.Case` of a resolved spec."""
         import torch
-        from ..cases import Case
+
+        from harness.sweep.cases import Case
         s, p = self.shape, self.profile
         cfg = base_shape(s, torch.device(self.output.device), d_model=s.d_model, n_layers=s.n_layers)
         return Case(p.router, cfg, p.mode, p.backend, p.compile_mode,

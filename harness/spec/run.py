@@ -5,19 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from harness.step.backends import BACKENDS
+from harness.step.modes import MODES
+from harness.sweep.cases import Case, expand
+from harness.sweep.options import SweepOptions
+from harness.timing.noise import check_thresholds
+from harness.timing.paired import ORDERS
+from harness.timing.timer import TimingPolicy
 from routers import ROUTERS, router_class
 from routers.errors import ConfigError
 
-from ..backends import BACKENDS
-from ..cases import Case, expand
-from ..measure import SweepOptions
-from ..modes import MODES
-from ..paired import ORDERS
-from ..noise import check_thresholds
-from ..timing import TimingPolicy
 from .base import Labels, given, option
-from .parts import (NOT_IN_FILE, absolute, Grid, Output, RouterSet, base_shape, preset_base, check_heads, check_router_set,
-                    check_output, default_grid, impl_names, resolve_device, resolved_shape)
+from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, absolute, base_shape, check_heads, check_output,
+                    check_router_set, default_grid, impl_names, preset_base, resolve_device, resolved_shape)
 
 #: The default smoke race: char-level, small enough for a 2-core CPU (README).
 RACE_ROUTERS = ("prenorm", "haares")

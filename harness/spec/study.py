@@ -18,15 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from harness.training.config import PRECISIONS, default_eval_every
+from harness.training.schedule import SCHEDULES
 from routers import check_router_options
 from routers import router_options as _router_options
 from routers.errors import ConfigError
 from workloads.config import PRESETS, TRAINING_PRESETS, DecoderConfig
 
-from ..schedule import SCHEDULES
-from ..train import PRECISIONS, default_eval_every
 from .base import Labels, option
-from .parts import (NOT_IN_FILE, MAX_DEPTH, Output, RouterSet, absolute, check_output, check_router_set,
+from .parts import (MAX_DEPTH, NOT_IN_FILE, Output, RouterSet, absolute, check_output, check_router_set,
                     resolve_device)
 
 DEFAULT_ROUTERS = ("prenorm", "rezero", "layerscale", "block_attnres", "haares", "wav_v1")
@@ -99,7 +99,7 @@ class StudySpec:
                 ``--router-options``; a bad router option at some depth; ``--eval-every`` above the
                 budget; an unreadable corpus or one whose validation split is shorter than a sequence.
         """
-        from ..distributed import env_world_size
+        from harness.training.distributed import env_world_size
         if env_world_size() > 1:
             raise ConfigError("study depth runs in one process, not under torchrun (its runs are not "
                               "trained with DDP yet): run it without torchrun, or train each depth with "
@@ -170,9 +170,9 @@ class StudySpec:
         return PRESETS[name].replace(n_layers=depth, dtype="float32")
 
     def train_config(self, depth: int):
-        """The :class:`harness.train.TrainConfig` of every run at ``depth`` (no target: the study's
+        """The :class:`harness.training.config.TrainConfig` of every run at ``depth`` (no target: the study's
         result is the loss at the token budget)."""
-        from ..train import TrainConfig
+        from harness.training.config import TrainConfig
         st = self.study
         return TrainConfig(self.decoder_config(depth), target_loss=None, max_steps=st.max_steps,
                            eval_every=st.eval_every, lr=st.lr, warmup_steps=st.warmup_steps,

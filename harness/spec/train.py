@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from harness.training.config import (PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, check_world_size,
+                                     default_eval_every)
+from harness.training.schedule import SCHEDULES
+from routers import ROUTERS, check_router_options
 from routers.errors import ConfigError
 
-from routers import ROUTERS, check_router_options
-
-from ..schedule import SCHEDULES
-from ..train import PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, check_world_size, default_eval_every
 from .base import Labels, option
-from .parts import (NOT_IN_FILE, absolute, Output, RouterSet, Single, base_shape, preset_base, check_heads, check_router_set,
-                    check_output, resolve_device, resolved_shape)
+from .parts import (NOT_IN_FILE, Output, RouterSet, Single, absolute, base_shape, check_heads, check_output,
+                    check_router_set, preset_base, resolve_device, resolved_shape)
 
 DEFAULT_ROUTERS = ("prenorm", "block_attnres", "haares")
 DEFAULT_PILOT = "prenorm"
@@ -23,7 +23,7 @@ DEFAULT_PRESET = "cpu-train"
 
 @dataclass(frozen=True)
 class Training:
-    """The training protocol (``[training]``; ``harness/train.py``, ``harness/schedule.py``)."""
+    """The training protocol (``[training]``; ``harness/training/run.py``, ``harness/training/schedule.py``)."""
 
     data: str | None = option("str", "Corpus dir (`routerbench data prepare`); default: the embedded "
                               "stdlib corpus.", metavar="DIR", path=True)
@@ -125,7 +125,7 @@ class TrainSpec:
         if tr.grad_accum is not None and base.batch_size % tr.grad_accum:
             raise ConfigError(f"{L('training.grad_accum')} {tr.grad_accum} does not divide "
                               f"{L('shape.batch_size')} {base.batch_size}; change one of them")
-        from ..distributed import env_world_size
+        from harness.training.distributed import env_world_size
         world = env_world_size()  # torchrun's WORLD_SIZE: checked before any model is built
         if world > 1:
             origin = ("" if self.shape.batch_size is not None
@@ -173,9 +173,9 @@ class TrainSpec:
                           n_layers=s.n_layers)
 
     def train_config(self):
-        """The :class:`harness.train.TrainConfig` of a resolved spec (``target_loss`` None when a
+        """The :class:`harness.training.config.TrainConfig` of a resolved spec (``target_loss`` None when a
         pilot sets it)."""
-        from ..train import TrainConfig
+        from harness.training.config import TrainConfig
         tr = self.training
         return TrainConfig(self.decoder_config(), target_loss=tr.target_loss, max_steps=tr.max_steps,
                            eval_every=tr.eval_every, lr=tr.lr, stop_at_target=tr.stop_at_target,

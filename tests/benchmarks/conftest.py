@@ -1,7 +1,7 @@
 """The pytest-benchmark suite (``pytest tests/benchmarks --benchmark-only``, ``make bench``).
 
 It runs only with ``--benchmark-only``; ``--bench-suite cpu|gpu`` picks the suite (default: ``gpu``
-when a CUDA device is visible, else ``cpu``; :mod:`harness.bench`). The machine info of the JSON
+when a CUDA device is visible, else ``cpu``; :mod:`harness.ci.pairbench`). The machine info of the JSON
 (``--benchmark-json``) gets the GPU, driver, CUDA, cuDNN, torch, Triton, CPU and SM clock.
 """
 
@@ -25,5 +25,5 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    from harness.bench import machine_info as routerbench_info
+    from harness.ci.pairbench import machine_info as routerbench_info
     machine_info.update(routerbench_info())

@@ -1,6 +1,6 @@
 """Every benchmark of the suite: one pair (a router vs prenorm, or compiled vs eager), set up on
 ``routerbench run``'s path and timed one interleaved, synchronised round per call
-(:mod:`harness.bench`). pytest-benchmark's table shows one round of the pair (both sides); the
+(:mod:`harness.ci.pairbench`). pytest-benchmark's table shows one round of the pair (both sides); the
 paired ratio and its interval, FLOPs, memory, tokens/s and MFU are in ``extra_info``
 (``--benchmark-json``), and ``routerbench report``/``routerbench gate`` read that JSON.
 
@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
-from harness import backends
-from harness.bench import PairBench, default_suite, suite_pairs
+from harness.ci.pairbench import PairBench
+from harness.ci.suite import default_suite, suite_pairs
+from harness.step import backends
 
 
 def _suite(config) -> str:

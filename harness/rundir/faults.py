@@ -1,0 +1,130 @@
+"""The one test hook for faults a CPU cannot produce: ``ROUTERBENCH_FAULT``.
+
+A CUDA out-of-memory error, a crash inside a compiled or captured graph, a hang and a full disk
+cannot be produced on demand on a CPU test machine, so tests name them in an environment variable
+instead of patching the code under test::
+
+    ROUTERBENCH_FAULT="oom:haares|*;crash:wav_v1|*|two_phase|*;hang:rezero|*"
+
+Each entry is ``KIND:GLOB``; ``GLOB`` is a shell-style pattern (:mod:`fnmatch`) over a case key
+(``router|options|impl|backend|compile_mode|mode|workload|vocab|d_model|n_layers|n_heads|mlp|
+seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists them). Kinds:
+
+- ``oom``: the case's set-up raises ``torch.cuda.OutOfMemoryError`` (an ``oom`` row);
+- ``crash``: the process running the case dies by ``SIGSEGV`` (under ``--isolate`` the child dies
+  and the case becomes an ``error`` row; without it the whole command dies, as it would);
+- ``hang``: the case's set-up sleeps forever (``--isolate`` with ``--case-timeout`` ends it);
+- ``disk_full``: committing the unit that holds the case writes half its bytes, then fails with
+  ``ENOSPC``, exercising the roll-back of a partial unit;
+- ``nan_loss``: a training run's loss is made non-finite from the first step after its first
+  evaluation (``--lr`` applies to every router of a command, so divergence of one named run cannot
+  be provoked otherwise); the run must end with a ``diverged`` row while the others go on;
+- ``kill_after_eval=N``: a training run's process kills itself with ``SIGKILL`` right after the
+  N-th evaluation after step 0 is recorded and checkpointed (the test of resume);
+- ``kill_in_eval=N``: the same, but after the N-th evaluation's checkpoint is written and its rows
+  are staged, before they are committed (the test of a checkpoint without its rows: resume goes
+  back to the checkpoint before, and the staged rows go to ``aborted/``).
+- ``slow=MS``: every call of the case's step first spins for MS milliseconds of wall time (a
+  planted slowdown for the CI gate's tests, ``routerbench gate``: a regression that needs no code
+  change). It spins rather than sleeps so the process stays on the CPU as real work does, and the
+  noise probe (:mod:`harness.timing.noise`, CPU utilisation) does not read the delay as an idle machine.
+
+Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
+``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
+
+Unset, the hook costs one environment lookup per case and does nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Iterable
+
+ENV = "ROUTERBENCH_FAULT"
+KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "slow")
+
+
+def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
+    """``[(kind, glob, argument), …]`` of a ``ROUTERBENCH_FAULT`` value (``KIND[=N]:GLOB``).
+
+    Raises:
+        ValueError: an entry without ``:``, of an unknown kind, or with a non-integer argument.
+    """
+    out = []
+    for entry in (spec or "").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        kind, sep, glob = entry.partition(":")
+        kind, eq, arg = kind.partition("=")
+        if not sep or kind not in KINDS or (eq and not arg.isdigit()):
+            raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
+        if kind == "slow" and not (eq and int(arg) > 0):
+            raise ValueError(f"{ENV}: entry {entry!r}: slow needs its delay, slow=MS:GLOB with MS > 0")
+        out.append((kind, glob, int(arg) if eq else None))
+    return out
+
+
+def fault_entry(case_key: str) -> tuple[str, int | None] | None:
+    """``(kind, argument)`` of the fault injected into ``case_key``, or None (first match wins)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    for kind, glob, arg in parse(spec):
+        if fnmatch.fnmatchcase(case_key, glob):
+            return kind, arg
+    return None
+
+
+def fault_for(case_key: str) -> str | None:
+    """The kind of fault injected into ``case_key``, or None (the first matching entry wins)."""
+    entry = fault_entry(case_key)
+    return entry[0] if entry else None
+
+
+def maybe_inject(case_key: str) -> None:
+    """Raise, crash or hang here if ``ROUTERBENCH_FAULT`` names this case (``disk_full`` acts at
+    commit time, :func:`maybe_disk_full`)."""
+    kind = fault_for(case_key)
+    if kind == "oom":
+        import torch
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by {ENV})")
+    if kind == "crash":
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(60)  # the signal is delivered before this returns
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def maybe_slow(case_key: str, step):
+    """``step`` itself, or, when ``ROUTERBENCH_FAULT`` names this case ``slow=MS``, a step that
+    spins for MS milliseconds and then calls it (a host-side delay, timed like any other work)."""
+    entry = fault_entry(case_key)
+    if not entry or entry[0] != "slow":
+        return step
+    delay = entry[1] / 1e3
+
+    def slowed():
+        end = time.perf_counter() + delay
+        while time.perf_counter() < end:  # spin: see the module doc
+            pass
+        return step()
+    return slowed
+
+
+def maybe_disk_full(case_keys: Iterable[str], path: Path, data: bytes) -> None:
+    """Write half of ``data`` to ``path`` and raise ``ENOSPC`` if a case of the unit is named
+    ``disk_full`` (the caller must roll the partial write back)."""
+    if not any(fault_for(k) == "disk_full" for k in case_keys):
+        return
+    with open(path, "ab") as fh:
+        fh.write(data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, f"No space left on device (injected by {ENV})")

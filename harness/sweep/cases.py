@@ -1,0 +1,153 @@
+"""Cases: one router × shape × backend × mode to measure, with a stable key (DESIGN.md, "Results").
+
+A sweep is the product of routers, widths, depths, backends and modes; :func:`expand` builds it
+and :func:`validate` checks every option before any model is built, raising :class:`ConfigError`
+with a one-line message that names the option to change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from harness.step.backends import BACKENDS
+from harness.step.modes import MODES
+from routers import ROUTERS, build_router, router_class, router_options
+from routers.errors import ConfigError
+from routers.impls import impls_for
+from routers.impls import names as impl_names
+from workloads.config import DecoderConfig
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement case.
+
+    Attributes:
+        router: registered router name.
+        cfg: the decoder shape (:class:`DecoderConfig`).
+        mode: one of :data:`harness.step.modes.MODES`.
+        backend: ``"eager"``.
+        compile_mode: compile mode of the ``compile`` backend, else None.
+        router_options: options passed to the router (JSON-able values).
+        impl: router implementation name.
+        seed: seed of the weights and the synthetic batch.
+    """
+
+    router: str
+    cfg: DecoderConfig
+    mode: str
+    backend: str = "eager"
+    compile_mode: str | None = None
+    router_options: tuple[tuple[str, Any], ...] = field(default=())
+    impl: str = "naive"
+    seed: int = 0
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.router_options)
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the case inside a run (used to resume)."""
+        c = self.cfg
+        return "|".join(str(x) for x in (
+            self.router, json.dumps(self.options, sort_keys=True), self.impl, self.backend,
+            self.compile_mode, self.mode, c.workload, c.vocab_size, c.d_model, c.n_layers,
+            c.n_heads, c.mlp, c.seq_len, c.batch_size, c.dtype, c.grad_checkpoint, self.seed))
+
+    def router_kwargs(self) -> dict[str, Any]:
+        """Keyword options to build the router with (``impl`` included where the router has it)."""
+        kwargs = self.options
+        if "impl" in router_options(self.router):
+            kwargs["impl"] = self.impl
+        return kwargs
+
+    def columns(self) -> dict[str, Any]:
+        """The case's columns of a result row."""
+        return {"case_key": self.key, "router": self.router, "router_options": self.options,
+                "impl": self.impl, "backend": self.backend, "compile_mode": self.compile_mode,
+                "mode": self.mode, "seed": self.seed, **self.cfg.shape_columns()}
+
+
+def split_impl(router: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Split ``impl`` out of a router's options (the impl has its own column)."""
+    options = dict(options)
+    impl = options.pop("impl", None) or router_class(router).impls[0]
+    return impl, options
+
+
+def offered_impls(router: str) -> tuple[str, ...]:
+    """The implementations ``router`` offers: its class's built-ins, then the peer kernels
+    registered for it (``routers/impls.py``; available here or not: an unavailable one becomes a
+    ``skipped`` row with the reason)."""
+    own = tuple(router_class(router).impls)
+    return own + tuple(i.name for i in impls_for(router) if i.name not in own)
+
+
+def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], depths: Iterable[int],
+           modes: Iterable[str], backends: Iterable[str] = ("eager",),
+           options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+           impls: Iterable[str] | None = None, compile_modes: Iterable[str] | None = None,
+           overrides: dict[str, Any] | None = None) -> list[Case]:
+    """The cross product of a sweep, validated (see :func:`validate`).
+
+    Args:
+        options: per-router options, ``{"haares": {"partial_details": "never"}}``.
+        impls: implementations to sweep; each router runs those it offers (a router offering
+            none of them runs its default). None: each router's impl from ``options`` or default.
+        compile_modes: modes of the ``compile`` backend (default: ``"default"`` only).
+        overrides: other :class:`DecoderConfig` fields set with each width and depth (e.g.
+            ``n_heads``), validated together with them.
+    """
+    options = options or {}
+    known_impls = {i for r in ROUTERS.values() for i in r.impls} | set(impl_names())
+    for impl in impls or ():
+        if impl not in known_impls:
+            raise ConfigError(f"--impls: unknown implementation {impl!r}; known: {', '.join(sorted(known_impls))}")
+    for cm in compile_modes or ():
+        if cm not in BACKENDS["compile"]:
+            raise ConfigError(f"--compile-modes: unknown mode {cm!r}; known: {', '.join(BACKENDS['compile'])}")
+    cases = []
+    for d, L, backend, mode, r in itertools.product(widths, depths, backends, modes, routers):
+        impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else ("naive", {})
+        offered = offered_impls(r) if r in ROUTERS else (impl,)
+        named = "impl" in options.get(r, {})  # a router's options naming its impl run only that one
+        chosen = [impl] if named else ([i for i in (impls or [impl]) if i in offered] or [offered[0]])
+        try:
+            cfg = base.replace(d_model=d, n_layers=L, **(overrides or {}))
+        except ConfigError as exc:
+            heads = (overrides or {}).get("n_heads", base.n_heads)
+            raise ConfigError(f"--widths {d} / --depths {L} with {heads} heads: {exc}") from None
+        cms = (compile_modes or BACKENDS["compile"][:1]) if backend == "compile" else (None,)
+        for cm in cms:
+            for i in chosen:
+                cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(opts.items())), i, seed))
+    validate(cases, options)
+    return cases
+
+
+def validate(cases: list[Case], options: dict[str, dict[str, Any]] | None = None) -> None:
+    """Check every name and option of a sweep without building a model.
+
+    Raises:
+        ConfigError: unknown router (``--routers``), backend (``--backends``), mode (``--modes``),
+            router option (``--router-options``), or an invalid shape (named option).
+    """
+    for name in options or {}:
+        if name not in ROUTERS:
+            raise ConfigError(f"--router-options: unknown router {name!r}; known routers: "
+                              f"{', '.join(sorted(ROUTERS))}")
+    if not cases:
+        raise ConfigError("the sweep is empty: check --routers, --widths, --depths, --modes")
+    for case in cases:
+        router_class(case.router)
+        if case.backend not in BACKENDS:
+            raise ConfigError(f"--backends: unknown backend {case.backend!r}; known: {', '.join(BACKENDS)}")
+        if case.mode not in MODES:
+            raise ConfigError(f"--modes: unknown mode {case.mode!r}; known: {', '.join(MODES)}")
+        case.cfg.validate()
+        # Routers are tiny: building one checks its options (n_blocks, partial_details, …).
+        build_router(case.router, case.cfg.d_model, case.cfg.n_layers, **case.router_kwargs())

@@ -1,0 +1,80 @@
+"""What a case's router costs, counted on its uncompiled model once per router and shape: FLOPs by
+two paths (docs/FLOPS.md), the analytic FLOP and ideal I/O models beside the code of each router,
+its live state, and the traffic its eager ops measure (MEASUREMENT.md, "FLOPs").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.costs.flop_counter import count_flops_dispatch
+from harness.costs.traffic import router_bytes_moved
+from harness.rundir.writer import StagingWriter
+from workloads.decoder import Decoder
+
+from .cases import Case
+
+
+def count_case(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter, flops: bool = True) -> None:
+    """The router's cost models (:func:`measure_router_costs`) and, with ``flops``, its FLOPs
+    (:func:`measure_flops`) on ``model``: a count that fails is an ``error`` row of its metric
+    (``router_io_measured``, ``fwd_flops_fvcore``) and never stops the case's timing."""
+    cols = case.columns()
+    for what, fn in (("router_io_measured", lambda: measure_router_costs(case, model, w)),
+                     ("fwd_flops_fvcore", lambda: flops and measure_flops(case, model, x, w))):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
+            w.write(**cols, metric=what, status="error", error=f"not counted: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter) -> None:
+    """FLOPs of the uncompiled model, by two paths (docs/FLOPS.md).
+
+    Rows: ``fwd_flops_dispatch``, ``router_flops_dispatch`` (FLOP, :mod:`harness.costs.flop_counter`,
+    needs only torch), ``bwd_flops_dispatch`` (FLOP of the backward; counted whatever the
+    case's mode, since a router and shape is counted once); ``fwd_flops_fvcore``,
+    ``router_flops_fvcore`` (FMA, fvcore, skipped without it).
+    """
+    cols = case.columns()
+    dc = count_flops_dispatch(model, (x,), backward=True, strict=False)
+    if dc["unsupported"]:  # a kernel of another device or torch version: name it, go on
+        w.write(**cols, metric="fwd_flops_dispatch", unit="FLOP", status="error",
+                error=f"no FLOP rule for {sorted(dc['unsupported'])} (harness/costs/flop_counter.py)")
+    else:
+        w.write(**cols, metric="fwd_flops_dispatch", value=dc["fwd_flops"], unit="FLOP")
+        w.write(**cols, metric="router_flops_dispatch", value=dc["router_fwd_flops"], unit="FLOP")
+        if dc["bwd_flops"] is not None:
+            w.write(**cols, metric="bwd_flops_dispatch", value=dc["bwd_flops"], unit="FLOP")
+    try:
+        from harness.costs.flops import count_fwd_flops
+    except ImportError as exc:  # fvcore is optional on a bare GPU box
+        w.write(**cols, metric="fwd_flops_fvcore", unit="FMA", status="skipped", error=f"fvcore unavailable: {exc}")
+        return
+    fc = count_fwd_flops(model, (x,))
+    w.write(**cols, metric="fwd_flops_fvcore", value=fc.total_fma, unit="FMA")
+    w.write(**cols, metric="router_flops_fvcore", value=fc.router_fma, unit="FMA")
+
+
+def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
+    """The router's cost models and its measured traffic (per router, impl and shape).
+
+    Rows: ``router_flops_analytic`` (FLOP, the naive reference formula), ``router_state``
+    (bytes, peak live state of this impl), ``router_io_ideal`` and ``router_io_measured``
+    (bytes per token and sublayer: the ideal I/O model of the AttnRes paper's Table 1, and what
+    this eager impl's ops read and write, :mod:`harness.costs.traffic`, measured on the CPU on one
+    sequence of at most 32 tokens).
+    """
+    cols, cfg, r = case.columns(), case.cfg, model.router
+    item = cfg.torch_dtype.itemsize
+    impl = case.impl if case.impl in r.impls else None
+    w.write(**cols, metric="router_flops_analytic", unit="FLOP",
+            value=r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len))
+    w.write(**cols, metric="router_state", unit="bytes",
+            value=r.live_state_bytes(cfg.batch_size, cfg.seq_len, cfg.torch_dtype, impl=impl))
+    w.write(**cols, metric="router_io_ideal", unit="bytes/token/sublayer",
+            value=r.ideal_io_per_token() * cfg.d_model * item)
+    w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer",
+            # per-token traffic does not depend on B·T: measure on one short sequence
+            value=router_bytes_moved(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item)

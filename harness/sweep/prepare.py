@@ -1,0 +1,247 @@
+"""Preparing a group of cases to be timed: the one prepare step of ``routerbench run``, the
+pytest-benchmark suite (:mod:`harness.ci.pairbench`) and ``routerbench profile``
+(:mod:`harness.sweep.profile`) (DESIGN.md, "Layers"; MEASUREMENT.md, "Timing", "Memory",
+"torch.compile").
+
+Per case, in separate passes (MEASUREMENT.md): parity of an impl other than ``naive``
+(:mod:`harness.sweep.parity`); the model; parameter counts; FLOPs and the router's cost models on
+the uncompiled model, once per router and shape (:mod:`harness.sweep.counts`); saved-activation
+bytes (eager ``fwd_bwd``); the backend's set-up (compile time and graph breaks, or the CUDA-graph
+capture); CUDA peak memory in an untimed step; warm-up. A failing case becomes an ``error``,
+``oom`` or ``skipped`` row, never an exception out of :func:`prepare_case`. The warm steps of a
+group are then timed together (:mod:`harness.sweep.timed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, NamedTuple
+
+import torch
+
+from harness.costs.memory import cuda_peak_memory, model_tensors, saved_activation_bytes
+from harness.rundir import faults
+from harness.rundir.writer import StagingWriter
+from harness.step import backends
+from harness.step.cudagraph import GraphedStep
+from harness.step.modes import make_step, prefill_for_decode
+from harness.timing.timer import warm_up
+from workloads.batches import synthetic_batch
+from workloads.decoder import Decoder, parameter_counts
+
+from . import counts, parity
+from .cases import Case
+from .options import SweepOptions
+
+#: A warm step: one call runs one step of the case's mode on its backend.
+Step = Callable[[], object]
+#: Called with a label and a weight (how many cases' time the next phase may take) before each
+#: phase of a unit; ``--isolate`` uses it as a progress signal.
+Heartbeat = Callable[[str, int], None]
+
+
+def build_model(case: Case, device: torch.device) -> Decoder:
+    """The case's decoder with seeded weights on ``device``."""
+    torch.manual_seed(case.seed)
+    return Decoder(case.cfg, case.router, case.router_kwargs()).to(device)
+
+
+def flops_key(case: Case) -> tuple:
+    """FLOPs are a property of router, options, impl and shape: counted once per key."""
+    return (case.router, case.key.split("|")[1], case.impl, case.cfg)
+
+
+def impl_unavailable(case: Case, device: torch.device) -> str | None:
+    """Why the case's implementation cannot run here (a peer kernel's package, device, dtype or
+    mode; ``routers/impls.py``), or None."""
+    from routers import impls
+    if case.router not in impls.BLOCK_ROUTERS or case.impl in ("naive", "two_phase"):
+        return None
+    impl = impls.get(case.impl, case.router)
+    why = impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)
+    if why is None and device.type == "cpu" and impl.interpretable and case.backend != "eager":
+        why = f"impl {impl.name} runs on a CPU only under Triton's interpreter, eager only (not {case.backend})"
+    return why
+
+
+def naive_twin(case: Case, model: Decoder) -> Decoder:
+    """``model`` itself, or for a peer kernel's case (``routers/peers/``) the same decoder with
+    the naive impl and the same weights: FLOP counters and the traffic model see a peer's Triton
+    launches or custom ops as opaque, while the maths, and so the FLOPs, are naive's."""
+    if case.impl in ("naive", "two_phase") or "impl" not in case.router_kwargs():
+        return model
+    twin = Decoder(case.cfg, case.router, {**case.router_kwargs(), "impl": "naive"})
+    twin.load_state_dict(model.state_dict())
+    return twin.to(next(model.parameters()).device)
+
+
+class Setup(NamedTuple):
+    """How one case's set-up ended: ``status`` (``ok``, ``skipped``, ``error`` or ``oom``), its
+    warm ``step`` when ``ok``, else the ``error`` text its ``step_time`` row holds."""
+
+    status: str
+    step: Step | None = None
+    error: str | None = None
+
+
+def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOptions,
+                 count_flops: bool = True) -> Setup:
+    """Set one case up to be timed, writing its rows to ``w`` as they are measured.
+
+    Rows: ``parity_error`` (an impl other than naive), ``params_matrix`` / ``params_router``;
+    with ``count_flops`` the router's cost models and (``opts.flops``) its FLOPs; with
+    ``opts.memory`` ``saved_activation`` (eager ``fwd_bwd``) and on CUDA ``peak_allocated`` /
+    ``peak_reserved``; ``compile_time`` and ``graph_breaks`` (compile) or ``capture_time``
+    (cudagraph). A case that cannot run writes its ``step_time`` row with the reason.
+
+    Returns:
+        :class:`Setup`: ``ok`` and the warm step, or ``skipped`` / ``error`` / ``oom`` and why.
+    """
+    cols = case.columns()
+    reason = backends.unavailable_reason(case.backend, case.compile_mode, device) or impl_unavailable(case, device)
+    if reason:
+        w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
+        return Setup("skipped", error=reason)
+    try:
+        faults.maybe_inject(case.key)  # the test hook (harness/rundir/faults.py); a no-op unless set
+        why = parity.check_parity(case, device, w)
+        if why is not None:
+            return Setup("error", error=why)
+        model = build_model(case, device)
+        n = parameter_counts(model)
+        w.write(**cols, metric="params_matrix", value=n["matrix"], unit="count")
+        w.write(**cols, metric="params_router", value=n["router"], unit="count")
+        x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
+                               seed=case.seed, device=device)
+        if count_flops:
+            counts.count_case(case, naive_twin(case, model), x, w, opts.flops)
+        if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
+            # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
+            model.train()
+            saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
+            w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
+        decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
+        prepared = backends.prepare(model, case.backend, case.compile_mode)
+        step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs,
+                         decode_input=decode_input)
+        if case.backend == "compile":
+            w.write(**cols, metric="compile_time", value=backends.first_call_seconds(step, device), unit="s")
+            w.write(**cols, metric="graph_breaks", value=backends.graph_breaks(), unit="count")
+        elif case.backend == "cudagraph":
+            step = GraphedStep(model, case.mode, x, y, decode_input=decode_input)
+            w.write(**cols, metric="capture_time", value=step.capture_time_s, unit="s")
+        if opts.memory and device.type == "cuda":
+            for metric, value in cuda_peak_memory(step, device).items():
+                w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
+        step = faults.maybe_slow(case.key, step)
+        warm_up(step, device, opts.timing)
+        return Setup("ok", step)
+    except torch.cuda.OutOfMemoryError as exc:
+        why = str(exc).splitlines()[0]
+        w.write(**cols, metric="step_time", unit="ms", status="oom", error=why)
+        return Setup("oom", error=why)
+    except Exception as exc:  # one broken case never kills a sweep
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        why = f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
+        w.write(**cols, metric="step_time", unit="ms", status="error", error=why)
+        return Setup("error", error=why)
+
+
+class NetOfResident:
+    """A writer that subtracts the memory held by a group's earlier steps from a case's CUDA
+    peak-memory rows, so they read as in an unpaired sweep (allocated exactly, reserved
+    approximately: the allocator may reuse free space of segments the earlier steps hold);
+    everything else passes through."""
+
+    def __init__(self, w: StagingWriter, device: torch.device) -> None:
+        self._w = w
+        self._held = {"peak_allocated": torch.cuda.memory_allocated(device),
+                      "peak_reserved": torch.cuda.memory_reserved(device)}
+
+    def write(self, **row: Any) -> dict[str, Any]:
+        if row.get("metric") in self._held and row.get("value") is not None:
+            row["value"] = row["value"] - self._held[row["metric"]]
+        return self._w.write(**row)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._w, name)
+
+
+@contextlib.contextmanager
+def compile_group(backend: str, n: int) -> Iterator[None]:
+    """Let the compiled models of one group live side by side.
+
+    ``backends.prepare`` resets dynamo per case, which would drop the earlier cases' compiled
+    code (and recompile it, in the timed region or at the recompile limit, silently eager). Here
+    dynamo is reset once before and once after the group (``backends.one_dynamo_cache``), the
+    recompile limit fits the group (all models share ``Decoder.forward``'s code object, one cache
+    entry each; guards keep them apart), and automatic dynamic shapes are off so a later model's
+    parameter shapes cannot turn an earlier graph dynamic. The recompile guard still turns any
+    compile during timing into an error.
+    """
+    if backend != "compile":
+        yield
+        return
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # < 2.6
+    limit = max(getattr(cfg, name), n + 8)
+    with backends.one_dynamo_cache(), cfg.patch(**{name: limit}, automatic_dynamic_shapes=False):
+        yield
+
+
+@dataclass
+class PreparedGroup:
+    """The warm steps of a group, held while it is timed.
+
+    Attributes:
+        steps: case key -> warm step, for the cases that set up ``ok``.
+        status: case key -> status so far (timing adds to it).
+        errors: case key -> why a case did not set up (its ``step_time`` row's error).
+    """
+
+    steps: dict[str, Step] = field(default_factory=dict)
+    status: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: StagingWriter,
+                  opts: SweepOptions, heartbeat: Heartbeat | None = None) -> Iterator[PreparedGroup]:
+    """Set up every case of a group (:func:`prepare_case`) and hold their warm steps while the
+    body times them: the one prepare step of ``run``, the benchmark suite and ``profile``.
+
+    The cases are prepared inside :func:`compile_group`, so the compiled models of the group live
+    side by side; on CUDA, a case's peak-memory rows are written net of what the steps prepared
+    before it hold (:class:`NetOfResident`).
+
+    Args:
+        todo: (case, count its router's FLOPs here) for each case of the group.
+        heartbeat: see :data:`Heartbeat`.
+
+    Yields:
+        the :class:`PreparedGroup`. On exit its steps are dropped and, on CUDA, the cache emptied.
+    """
+    beat = heartbeat or (lambda label, weight: None)
+    cases = [c for c, _ in todo]
+    group = PreparedGroup()
+    try:
+        with compile_group("compile" if any(c.backend == "compile" for c in cases) else cases[0].backend,
+                           len(cases)):
+            for case, first in todo:
+                beat(case.key, 1)
+                cw = NetOfResident(w, device) if group.steps and device.type == "cuda" else w
+                got = prepare_case(case, device, cw, opts, count_flops=first)
+                group.status[case.key] = got.status
+                if got.step is not None:
+                    group.steps[case.key] = got.step
+                else:
+                    group.errors[case.key] = got.error or got.status
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            yield group
+    finally:
+        group.steps.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,207 @@
+"""The long frame every table, figure and verdict reads: the rows of one or more run directories
+(:mod:`harness.rundir.records`) as a pandas DataFrame, one row per measured number, with the case
+columns of DESIGN.md ("Results") and a ``variant`` label; plus what selects from it (the last
+timing of each case, the ``ok`` rows of a metric, the cost-sweep rows), the manifests beside it,
+and a readable label of a case.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from harness.rundir.records import COLUMNS, RECORDS_FILE, load_rows
+from routers import BASELINE
+
+TRAIN_MODE = "train"
+
+
+#: Modes of the training race: measured runs and the pilot run that sets the target loss.
+TRAIN_MODES = (TRAIN_MODE, "pilot")
+
+
+MIB = 2**20
+
+
+SHAPE_COLS = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "dtype")
+
+
+#: One cost case: what was routed, how it ran, on which shape, in which run (repeats of two runs,
+#: maybe on two machines, are never pooled). ``variant`` labels (router, impl, options) for
+#: legends; it adds no grouping of its own.
+CASE_KEYS = ("run_id", "router", "options", "impl", "backend", "compile_mode", "mode", "workload",
+             *SHAPE_COLS, "device", "variant")
+
+
+#: A router's baseline: the prenorm case of the same run, setting and shape (any impl).
+BASE_KEYS = ("run_id", "backend", "compile_mode", "mode", "workload", *SHAPE_COLS, "device")
+
+
+#: Counts that do not depend on how the model ran (FLOPs, parameters).
+STATIC_KEYS = ("router", "options", "impl", "workload", *SHAPE_COLS, "variant")
+
+
+TRAIN_KEYS = ("run_id", "router", "options", "variant", "seed")
+
+
+_NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair", "attempt")
+
+
+_TEXT = tuple(c for c in COLUMNS if c not in _NUMERIC + ("value",))
+
+
+#: Factor from a time ``unit`` to milliseconds.
+TO_MS = {"ms": 1.0, "s": 1e3, "us": 1e-3, "ns": 1e-6}
+
+
+#: Metrics of a run as a whole, not of a case (:mod:`harness.costs.bandwidth`): no router, no shape.
+RUN_METRICS = ("mem_bandwidth", "mem_bandwidth_nominal")
+
+
+def run_dir_paths(run_dirs: Iterable[Path | str]) -> list[Path]:
+    """The run directories as paths, each checked to hold ``records.jsonl``.
+
+    Raises:
+        ValueError: when no run directory is given.
+        FileNotFoundError: naming the first directory without ``records.jsonl``.
+    """
+    paths = [Path(p) for p in run_dirs]
+    if not paths:
+        raise ValueError("no run directory given: pass at least one results/<device>/<run-id>/")
+    for p in paths:
+        if not (p / RECORDS_FILE).is_file():
+            raise FileNotFoundError(
+                f"no {RECORDS_FILE} in {p}: pass a run directory written by `routerbench run` "
+                f"or `routerbench train` (results/<device-slug>/<run-id>/)")
+    return paths
+
+
+def _options_label(raw: Any) -> str:
+    if raw is None or (isinstance(raw, float) and np.isnan(raw)) or raw == "":
+        return ""
+    opts = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(opts, dict):
+        return str(opts)
+    return ", ".join(f"{k}={v}" for k, v in sorted(opts.items()))
+
+
+def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd.DataFrame:
+    """Rows of the run directories as one DataFrame (``harness.rundir.records.load_rows``).
+
+    Args:
+        run_dirs: run directories, each holding ``records.jsonl``.
+        finished_only: passed to ``load_rows``: rows of a case come only from the session that
+            finished it, so an interrupted attempt is not counted twice.
+
+    Returns:
+        The columns of ``harness.rundir.records.COLUMNS``; ``value``, shape columns, seed, repeat and pair
+        numeric (int64 where no value is missing); text columns with nulls as ``""``. Added:
+        ``options`` (``router_options`` as ``"k=v, ..."``) and ``variant`` (the router, its impl
+        when the router has several, and its options: the legend label of figures).
+        ``df.attrs["run_rows"]``: the rows (dicts) of :data:`RUN_METRICS` (the run's memory
+        bandwidth), kept out of the frame since they describe no case. ``df.attrs["record_problems"]``: the problems met reading the records (unparsable lines,
+        units that do not match their end marker, an unfinished tail, schema-1 records), one line
+        each naming the file and line numbers, for a report to show; ``[]`` when none. Each is
+        also warned once as a :class:`harness.rundir.records.RecordsWarning`.
+
+    Raises:
+        FileNotFoundError: when a run directory has no ``records.jsonl``.
+    """
+    problems: list[str] = []
+    df = pd.DataFrame(load_rows(run_dir_paths(run_dirs), finished_only=finished_only, problems=problems),
+                      columns=list(COLUMNS))
+    run_level = df["metric"].isin(RUN_METRICS)
+    run_rows = df[run_level].assign(value=lambda r: pd.to_numeric(r["value"], errors="coerce"))
+    df = df[~run_level].reset_index(drop=True)
+    for c in _NUMERIC + ("value",):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+        if c != "value" and len(df) and df[c].notna().all():
+            df[c] = df[c].astype("int64")
+    for c in _TEXT:
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    df = last_attempt(df)
+    df["options"] = pd.Series([_options_label(r) for r in df["router_options"]], index=df.index,
+                              dtype=str)
+    impls = df.groupby("router")["impl"].nunique() if len(df) else pd.Series(dtype=int)
+    df["variant"] = pd.Series([
+        r + (f" [{i}]" if impls.get(r, 1) > 1 else "") + (f" ({o})" if o else "")
+        for r, i, o in zip(df["router"], df["impl"], df["options"])], index=df.index, dtype=str)
+    df.attrs["record_problems"] = problems
+    df.attrs["run_rows"] = run_rows.to_dict("records")  # plain rows: pandas compares attrs
+    return df
+
+
+def last_attempt(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep, of each case, only the timing rows of its last attempt (a noisy group is timed again;
+    every attempt is recorded, ``harness.timing.noise``); rows without an attempt number (FLOPs, memory,
+    rows written before re-measuring existed) are kept. Adds ``attempts``: the case's number of
+    timings (1 when it was timed once)."""
+    att = pd.to_numeric(df["attempt"], errors="coerce")
+    last = att.groupby(df["case_key"]).transform("max").fillna(1)
+    keep = att.isna() | (att == last)
+    out = df[keep].copy()
+    out["attempts"] = last[keep].astype("int64")
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def ok_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows of ``metric`` with status ``ok`` and a value."""
+    return df[(df["metric"] == metric) & (df["status"] == "ok") & df["value"].notna()]
+
+
+def cost_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the cost sweep (every mode except ``train`` and ``pilot``)."""
+    return df[~df["mode"].isin(TRAIN_MODES)]
+
+
+def load_manifests(run_dirs: Iterable[Path | str]) -> dict[str, dict]:
+    """The readable ``manifest.json`` of each run directory, keyed by its ``run_id`` (else the
+    directory name); runs without one are left out."""
+    from harness.rundir.records import MANIFEST_FILE
+
+    out: dict[str, dict] = {}
+    for d in map(Path, run_dirs):
+        try:
+            manifest = json.loads((d / MANIFEST_FILE).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        out[str(manifest.get("run_id") or d.name)] = manifest
+    return out
+
+
+#: Report order of backends; unknown ones come after, alphabetically.
+BACKEND_ORDER = ("eager", "compile", "cudagraph")
+
+
+def sort_cases(t: pd.DataFrame) -> pd.DataFrame:
+    """Cases in report order: run, workload, mode, backend (eager first), shape, prenorm first."""
+    rank = {b: i for i, b in enumerate(BACKEND_ORDER)}
+    t = t.assign(_backend=t["backend"].map(rank).fillna(len(rank)), _base=t["router"] != BASELINE)
+    order = ["run_id", "workload", "mode", "_backend", "backend", "compile_mode", *SHAPE_COLS,
+             "device", "_base", "router", "variant"]
+    return t.sort_values([c for c in order if c in t], kind="stable").drop(
+        columns=["_backend", "_base"])
+
+
+#: Shape columns of a case label and their letters: "d=32 L=2 T=32 B=8".
+_SHAPE_LETTERS = (("d_model", "d"), ("n_layers", "L"), ("seq_len", "T"), ("batch_size", "B"))
+
+
+def case_label(r: Any) -> str:
+    """A readable name of one case (a row with the case columns): router (options), impl,
+    backend (compile mode), mode, shape and seed, e.g. ``"haares, naive, eager, train,
+    d=32 L=2 T=32 B=8, seed 0"``; absent fields are left out."""
+    def has(v: Any) -> bool:
+        return v is not None and v == v and v != ""
+
+    parts = [r["router"] + (f" ({r['options']})" if has(r.get("options")) else ""), r["impl"],
+             r["backend"] + (f":{r['compile_mode']}" if has(r.get("compile_mode")) else ""),
+             r["mode"],
+             " ".join(f"{k}={int(r[c])}" for c, k in _SHAPE_LETTERS if has(r.get(c))),
+             f"seed {int(r['seed'])}" if has(r.get("seed")) else ""]
+    return ", ".join(p for p in parts if p)

@@ -1,0 +1,335 @@
+"""What a report says, section by section: the summary of what each router costs, warnings, the
+cost sweep (step time, paired timing, the physical floor, backends, implementations, cost
+models), the training race, failures and the environment (:func:`build_sections`). Only what the
+runs hold is reported; a figure without data is replaced by the sentence saying why
+(:data:`NO_DATA`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.rundir.records import aborted_summary
+from harness.timing import noise
+from routers import BASELINE
+
+from . import (count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures,
+               training, training_figures)
+from .environment import environment_table
+from .render import Section, table_blocks
+
+#: Why a figure is missing, by figure name (each figure module's own, and the paired figure's).
+NO_DATA = {**time_figures.NO_DATA, **count_figures.NO_DATA, **training_figures.NO_DATA}
+
+
+CPU_RACE_NOTE = ("On CPU the race is a smoke test: the papers see gains only at 24–48 layers. "
+                 "Time, steps and tokens to target are interpolated linearly between the two "
+                 "evaluations around the crossing, as the protocol below says.")
+
+
+def _figure_block(path: Path | None, name: str, caption: str) -> tuple:
+    return ("figure", path, caption) if path else ("text", NO_DATA[name])
+
+
+def _title(df: pd.DataFrame, env: pd.DataFrame, run_dirs: list[Path]) -> str:
+    names = []
+    for run in env.columns[1:]:
+        device, cpu = (env.loc[env["field"] == f, run].iloc[0] for f in ("device", "CPU"))
+        names.append(cpu if device.lower() in ("cpu", "–") and cpu != "–" else device)
+    names = [n for n in names if n != "–"] or sorted(d for d in df["device"].unique() if d)
+    runs = sorted(r for r in df["run_id"].unique() if r) or [d.name for d in run_dirs]
+    return (f"routerbench report: {', '.join(dict.fromkeys(names)) or 'unknown device'}"
+            f" — run {', '.join(runs)}")
+
+
+#: Captions of the training figures; each says what its band, points and intervals are.
+TRAINING_CAPTIONS = {
+    "loss_curves": "Validation loss vs tokens seen and vs the training clock: per router the "
+                   "mean over seeds (line) and the min–max over seeds (band; on the clock panel "
+                   "each seed interpolated on a common grid up to the shortest run); diverged "
+                   "runs dotted, each alone, out of the band; the pilot dashed; the target loss "
+                   "dash-dotted.",
+    "time_to_target": "Time to target, router / baseline, per seed (dots) with the geometric "
+                      "mean and its t-interval (black diamond); open triangles are bounds of "
+                      "pairs where one run did not converge, left out of the interval.",
+    "decomposition": "Time-to-target ratio = steps ratio × time-per-step ratio: geometric means "
+                     "over the pairs where both runs reached the target, each with its own "
+                     "t-interval; a line at 1.",
+}
+
+
+def _training_blocks(df: pd.DataFrame, figs: dict[str, Path | None],
+                     manifests: dict[str, dict]) -> list:
+    """The training race: the settings of each run, the protocol, sentences, the comparison
+    table, the figures, the per-run table (pilot rows marked), a line counting what did not
+    converge or diverged."""
+    runs = training.runs_table(df)
+    table = race.comparison_table(df)
+    said = [("text", s) for s in sentences.training_sentences(
+        table, training.sentence_prefixes(df, table, manifests))]
+    blocks = [("text", line) for line in training.protocol_lines(df, manifests)]
+    if runs["status"].isin(sentences.UNMEASURED).all():  # nothing trained: only say why
+        blocks += said
+    else:
+        smoke = training.smoke_runs(df)
+        if smoke:  # one seed per router (the race of `routerbench run`): no interval, no test
+            blocks.append(("text", f"Smoke test (run {', '.join(smoke)}): one seed per router, "
+                                   "so no interval and no test; not a result."))
+            if (training.train_rows(df)["device"] == "cpu").any():
+                blocks.append(("text", CPU_RACE_NOTE))
+        blocks += [("text", race.METHOD), *said]
+        blocks += table_blocks(race.comparison_display(table),
+                                "No comparison: no router was trained beside its baseline "
+                                f"({BASELINE}) in the same run and backend.",
+                                split=("run_id", "backend"))
+        blocks += [_figure_block(figs.get(n), n, TRAINING_CAPTIONS[n])
+                   for n in TRAINING_CAPTIONS]
+    blocks.append(("subtitle", "Every run" + (" (the pilot, mode pilot, set the target loss)"
+                                              if (runs["mode"] == training.PILOT_MODE).any()
+                                              else "")))
+    blocks += table_blocks(runs, "", drop=("router",), split=("run_id", "backend"))
+    pooled = tables.training_by_router(df)
+    if not pooled.empty and pooled["seeds"].max() > 1:
+        blocks.append(("text", "Pooled over seeds (a run that never reached the target counts "
+                               "as slowest):"))
+        blocks += table_blocks(pooled, "")
+    blocks.append(("text", sentences.runs_sentence(runs)))
+    return blocks
+
+
+def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
+                   manifests: dict[str, dict]) -> list[Section]:
+    """The sections of the cost sweep: step time, FLOPs and memory; paired timing; backends;
+    the routers' cost models."""
+    cost = Section("Cost: step time, FLOPs and memory vs prenorm", [])  # figures first, then tables
+    # Paired ratios are the headline; a run timed --no-paired gets the unpaired figure, labelled.
+    if figs.get("overhead_vs_width") is None and figs.get("step_time_overhead_vs_width"):
+        cost.blocks.append(_figure_block(figs["step_time_overhead_vs_width"], "step_time_overhead_vs_width",
+                                         "Step-time overhead vs prenorm by width, from unpaired medians "
+                                         "(these runs hold no paired timing)"))
+    if figs.get("router_flop_share_vs_width") is None and figs.get("flops_vs_depth"):
+        cost.blocks.append(_figure_block(figs["flops_vs_depth"], "flops_vs_depth", "Forward GFLOP by depth"))
+    cost.blocks += [
+        _figure_block(figs.get("overhead_vs_width"), "overhead_vs_width",
+                      "Paired step-time ratio to prenorm vs width (median of pairs, 95 % bootstrap CI "
+                      "as bars; deepest depth); naive solid, two_phase dashed"),
+        _figure_block(figs.get("overhead_vs_depth"), "overhead_vs_depth",
+                      "Paired step-time ratio to prenorm vs depth (widest width)"),
+        _figure_block(figs.get("router_flop_share_vs_width"), "router_flop_share_vs_width",
+                      "Router FLOPs as a share of the forward's vs width: counted by fvcore (solid) "
+                      "beside the analytic model (dotted)"),
+        _figure_block(figs.get("memory_vs_depth"), "memory_vs_depth",
+                      "Saved activations and router state vs depth, as multiples of prenorm's (eager)"),
+    ]
+    cost.blocks.append(("text", "Detail: unpaired medians (overhead = router median / prenorm median − 1 "
+                                "in the same run; the paired ratios are in the summary and the paired "
+                                "section)."))
+    cost.blocks += table_blocks(tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
+                                 split=("run_id", "workload", "mode", "backend", "compile_mode"))
+    cost.blocks += [("subtitle", "Throughput and MFU"), (
+        "text", "tokens/s = tokens per step (B·T; B for decode) / median step. Model FLOP per "
+                "step (docs/FLOPS.md, \"MFU\"): per token 6·N + 12·L·d·T for fwd_bwd and "
+                "train_step (2·N + 4·L·d·T for fwd and decode), N = the sublayers' matrix "
+                "parameters, plus the router's analytic mixing (×3 when training). MFU = model "
+                "FLOP/s ÷ the device's dense BF16 peak, looked up by name; blank on CPU or an "
+                "unknown device.")]
+    cost.blocks += table_blocks(tables.mfu_table(df, manifests), "No timed cost cases.",
+                                 drop=("variant",),
+                                 split=("run_id", "workload", "mode", "backend", "compile_mode"))
+    bt = tables.backend_table(df)
+    bt = bt[bt["backend"] != "eager"]
+    backends = Section("Backends: compiled and graph-replayed vs eager", [(
+        "text", "Paired: each compiled step timed in one interleaved group with the eager step of "
+                "the same router, impl and shape; vs eager = median over rounds of compiled / eager "
+                "time of the same round, with a 95 % bootstrap CI (below 1 is faster).")])
+    backends.blocks += table_blocks(paired.paired_vs_eager_table(df),
+                                     "No paired eager/compiled groups in these runs (runs before "
+                                     "backends were paired: see the unpaired table below).",
+                                     drop=("variant", "session"), split=("run_id", "mode"))
+    backends.blocks.append(("text", "Unpaired (detail): vs_eager = median step / the eager median of "
+                                    "the same router, impl, mode and shape; setup_s is the compile or "
+                                    "CUDA-graph capture time, never included in a step."))
+    backends.blocks += table_blocks(bt, "No compile or cudagraph rows in these runs.",
+                                     drop=("variant",), split=("run_id", "mode"))
+    backends.blocks.append(_figure_block(figs.get("compile_vs_eager"), "compile_vs_eager",
+                                         "Eager vs compiled"))
+    models = Section("Router cost models", [(
+        "text", "Per router and shape: analytic forward FLOP per token (naive reference, "
+                f"{tables.FLOP_CONVENTION}); residual-stream traffic per token and sublayer in "
+                "units of d elements: io_ideal_d is the ideal I/O model (each input read once, "
+                "each output written once, two-phase schedule; the AttnRes paper's Table 1 gives "
+                "3 for prenorm and 5.5 for Block AttnRes at 128 sublayers, N=8) and "
+                "io_measured_d what this impl's eager ops actually read and write; state_mib is "
+                "the peak live router state.")])
+    models.blocks += table_blocks(tables.router_cost_table(df), "No router cost rows.",
+                                   drop=("variant",))
+    models.blocks.append(_figure_block(figs.get("router_cost_models"), "router_cost_models",
+                                       "Residual-stream traffic per token and sublayer (d elements): the "
+                                       "ideal I/O model beside what each impl's eager ops move"))
+    pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
+    pairs.blocks += table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
+                                  drop=("variant",), split=("run_id", "mode", "backend",
+                                                            "compile_mode"))
+    if not figs.get("paired_ratios"):  # else the summary shows it
+        pairs.blocks.append(("text", paired.NO_DATA))
+    floor_t = floor.floor_table(df)
+    floors = Section("Physical floor: the router's extra bytes over the memory bandwidth",
+                     [("text", floor.FLOOR_METHOD)])
+    floors.blocks += table_blocks(floor_t, floor.NO_TABLE, drop=("variant",),
+                                   split=("run_id", "mode", "backend", "compile_mode"))
+    impl_t = impls.impl_table(df)
+    impl_sec = Section("Implementations: step time relative to the fastest, with parity errors",
+                       [("text", impls.METHOD)])
+    if figs.get("impls"):
+        impl_sec.blocks.append(_figure_block(figs["impls"], "impls", "Step time / fastest impl of "
+                                             "each case; the label is the impl's parity error"))
+    impl_sec.blocks += table_blocks(impl_t, impls.NO_TABLE, split=("run_id", "mode", "backend"))
+    return [cost, pairs, floors, backends, impl_sec, models]
+
+
+#: Columns of a failed case folded into its label (:func:`reports.tables.case_label`); the case
+#: key (hundreds of characters) stays out of the report.
+_FAILURE_FOLDED = ("case_key", "router", "options", "impl", "backend", "compile_mode", "mode",
+                   "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed")
+
+
+def _warnings(df: pd.DataFrame) -> list[str]:
+    """What the reader must know before trusting a number: problems met reading the records, and
+    timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in
+    the paired table)."""
+    out = [f"Records: {p}" for p in df.attrs.get("record_problems", [])]
+    given = df.attrs.get("noise_thresholds")
+    if given and given != noise.THRESHOLDS:
+        out.append("Noise thresholds given to this report (not the defaults the run re-measured by): "
+                   + ", ".join(f"{k} {v:g}" for k, v in given.items()) + ".")
+    noisy = paired.noise_by_case(df, df.attrs.get("noise_thresholds"))
+    if noisy:
+        timed = frame.ok_rows(df, "step_time")["case_key"].nunique()
+        retimed = int((df.drop_duplicates("case_key")["attempts"] > 1).sum()) if "attempts" in df else 0
+        first = df.drop_duplicates("case_key").set_index("case_key", drop=False)
+        examples = "; ".join(f"{frame.case_label(first.loc[k])}: {', '.join(r)}"
+                             for k, r in list(noisy.items())[:5])
+        out.append(f"Noise: {len(noisy)} of {timed} timed cases were noisy in their last timing "
+                   f"({retimed} cases were timed more than once); their absolute times are unreliable, "
+                   f"their paired ratios are flagged (column \"noisy\"). E.g. {examples}.")
+    return out + consistency_warnings(df)
+
+
+#: How far a paired and an unpaired ratio to prenorm may differ (relative) before they disagree.
+RATIO_TOLERANCE = 0.10
+
+
+#: Each mode does strictly more work than the one before it, so it must not be faster.
+MODE_ORDER = ("fwd", "fwd_bwd", "train_step")
+
+
+def consistency_warnings(df: pd.DataFrame, tolerance: float = RATIO_TOLERANCE) -> list[str]:
+    """Numbers that the data itself contradicts, as sentences: a case whose ``fwd`` is slower than
+    its ``fwd_bwd`` (or ``fwd_bwd`` slower than ``train_step``), a paired and an unpaired ratio to
+    prenorm that differ by more than ``tolerance``, skipped backends, and no CUDA device."""
+    out = []
+    st = tables.step_time_summary(df)
+    if not st.empty:
+        keys = [k for k in frame.CASE_KEYS if k != "mode"]
+        med = st.pivot_table(index=keys, columns="mode", values="median_ms", aggfunc="first")
+        for lighter, heavier in zip(MODE_ORDER, MODE_ORDER[1:]):
+            if lighter in med and heavier in med:
+                bad = med[med[lighter] > med[heavier]]
+                if len(bad):
+                    who = ", ".join(f"{r['variant']} {r['backend']} d={r['d_model']} L={r['n_layers']}"
+                                    for r in bad.reset_index().head(5).to_dict("records"))
+                    out.append(f"Inconsistent: {len(bad)} case(s) whose {lighter} step is slower than "
+                               f"its {heavier} step ({who}); their absolute times are not to be trusted.")
+        pt = paired.paired_ratio_table(df)
+        ov = tables.overhead_table(df)
+        if not pt.empty and not ov.empty:
+            on = [k for k in ("run_id", "backend", "compile_mode", "mode", "workload", *frame.SHAPE_COLS,
+                              "variant") if k in pt and k in ov]
+            both = pt.merge(ov[[*on, "overhead_pct"]], on=on)
+            unpaired = 1 + both["overhead_pct"] / 100
+            off = both[(unpaired / both["ratio"] - 1).abs() > tolerance]
+            if len(off):
+                who = ", ".join(f"{r['variant']} {r['mode']} {r['backend']} d={r['d_model']} "
+                                f"L={r['n_layers']}: paired {r['ratio']:.2f}, "
+                                f"unpaired {1 + r['overhead_pct'] / 100:.2f}"
+                                for r in off.head(5).to_dict("records"))
+                out.append(f"Inconsistent: {len(off)} paired and unpaired ratios to prenorm differ by "
+                           f"more than {tolerance:.0%} ({who}); trust the paired ratio, whose two sides "
+                           "ran under the same load.")
+    skipped = df[(df["metric"] == "step_time") & (df["status"] == "skipped")]
+    for backend, g in skipped.groupby("backend"):
+        out.append(f"Skipped: backend {backend} ({g['case_key'].nunique()} cases): "
+                   f"{g['error'].iloc[0]}.")
+    if len(df) and not (df["device"].astype(str).str.startswith("cuda")).any():
+        out.append("No CUDA device: every time here is a CPU time; the routers' costs on a GPU "
+                   "(and the papers' claims) can differ widely.")
+    return out
+
+
+def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path | None]
+                   ) -> tuple[str, list[Section]]:
+    """The report's title and sections from the long frame, its run directories and its figures
+    (name -> PNG path or ``None``).
+
+    Only what the runs hold is reported: the cost sections when there are cost-sweep rows, the
+    training race when there are training rows (first when there are no cost rows); then the
+    failed cases, and the environment and method last.
+    """
+    manifests = frame.load_manifests(run_dirs)
+    has_cost = not frame.cost_rows(df).empty
+    has_train = not training.train_rows(df).empty
+    sections = []
+    if has_cost:
+        said, table = summary.cost_sentences(df)
+        if said:
+            top = Section("Summary: what each router costs", [("text", x) for x in said])
+            if figs.get("paired_ratios"):
+                top.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm (median and "
+                                   "95 % bootstrap CI)"))
+            top.blocks.append(("text", summary.METHOD))
+            top.blocks += table_blocks(table, "")
+            sections.append(top)
+    train = (Section("Training race: time to target loss", _training_blocks(df, figs, manifests))
+             if has_train else None)
+    if train is not None and not has_cost:  # a training run: its sentences are the summary
+        sections.append(train)
+    warnings = _warnings(df)
+    for run_id, m in manifests.items():
+        split = (m.get("group_memory") or {}).get("split") or []
+        if split:
+            warnings.append(f"Split groups (run {run_id}): {len(split)} paired group(s) did not fit in "
+                            f"{m['group_memory']['budget_bytes'] / 2**30:.1f} GiB by estimate and were timed "
+                            "as subgroups that each hold prenorm (and a router's eager and compiled steps "
+                            "together): ratios to prenorm and to eager stay paired; times across "
+                            "subgroups are not.")
+    if warnings:
+        sections.append(Section("Warnings", [("text", w) for w in warnings]))
+    sections += _cost_sections(df, figs, manifests) if has_cost else []
+    if train is not None and has_cost:
+        sections.append(train)
+    if not (has_cost or has_train):
+        sections.append(Section("Results", [("text", "No rows in these runs: no cost-sweep "
+                                                     "rows and no training rows.")]))
+    fails = Section("Skipped and failed cases", table_blocks(
+        tables.failures(df), ("No failure row; but some records could not be read (see Warnings), "
+                              "so cases may be missing: `routerbench status RUN_DIR` counts them."
+                              if df.attrs.get("record_problems") else
+                              "None: every case ran" + (" (not-converged training runs are listed above)."
+                                                        if has_train else ".")), drop=_FAILURE_FOLDED))
+    aborted = {str(d): aborted_summary(d) for d in run_dirs}
+    if any(a["units"] for a in aborted.values()):
+        fails.blocks.append(("text", "Units cut short and measured again (their rows are kept in "
+                                     "aborted/ and never used here): " + "; ".join(
+            f"{d}: {a['units']} unit(s), {a['rows']} row(s)" for d, a in aborted.items() if a["units"])))
+    env = environment_table(run_dirs)
+    head = Section("Environment", table_blocks(
+        env, "No manifest.json in " + ", ".join(map(str, run_dirs)) + "."))
+    if has_cost:
+        head.blocks.append(("text", "Method: step times are medians of the timed repeats (IQR = "
+                            "q75 − q25); overhead = router median / prenorm median − 1 in the "
+                            "same run, at the same backend, compile mode, mode, workload and "
+                            f"shape. FLOPs from fvcore: {tables.FLOP_CONVENTION}. Memory in MiB "
+                            "(2^20 bytes)."))
+    return _title(df, env, run_dirs), [*sections, fails, head]
