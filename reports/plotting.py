@@ -50,6 +50,7 @@ def save_png(fig: plt.Figure, path: Path | str, dpi: int = DPI) -> Path:
 
 
 def save_named(fig: plt.Figure, out_dir: Path | str, name: str) -> Path:
+    """``fig`` saved as ``<out_dir>/<name>.png`` (:func:`save_png`)."""
     return save_png(fig, Path(out_dir) / f"{name}.png")
 
 
@@ -81,6 +82,7 @@ def measured_ticks(g, values, log2: bool) -> None:
 
 
 def backend_label(frame: pd.DataFrame) -> pd.Series:
+    """The backend of each row, with its compile mode where it has one (``compile:default``)."""
     return frame["backend"].where(frame["compile_mode"] == "",
                                   frame["backend"] + ":" + frame["compile_mode"])
 
@@ -237,6 +239,7 @@ def largest(t: pd.DataFrame, keys: list[str], x: str, fixed: str) -> pd.DataFram
 
 
 def fixed_text(t: pd.DataFrame, fixed: str) -> str:
+    """How a title names the shape column ``fixed`` a figure holds at its largest value."""
     values = sorted(pd.unique(t[fixed]))
     return (f"{LETTER[fixed]}={values[0]} (the largest measured)" if len(values) == 1
             else f"{fixed} at the largest of each panel")

@@ -150,15 +150,17 @@ def test_live_state_bytes_by_hand():
 def test_ideal_io_attnres_table_1():
     # 128 sublayers = 64 layers, N = 8 blocks of S = 16 sublayers, two-phase chunks S = 16
     L = 64
-    assert build_router("prenorm", D, L).ideal_io_per_token() == 3
-    assert build_router("block_attnres", D, L, n_blocks=8).ideal_io_per_token() == 5.5
+    expect = {"prenorm": 3, "rezero": 3, "layerscale": 3, "block_attnres": 5.5, "full_attnres": 24,
+              # detail routers: (1+K)·N/S + 3 + 2(1+K)
+              "haares": 2 * 0.5 + 3 + 4, "wav_v1": 3 * 0.5 + 3 + 6}
+    assert set(expect) == set(ROUTERS), "add the new router's ideal I/O per token by hand"
+    blocks = {"block_attnres": 8, "haares": 8, "wav_v1": 8}
+    for name, io in expect.items():
+        opts = {"n_blocks": blocks[name]} if name in blocks else {}
+        assert build_router(name, D, L, **opts).ideal_io_per_token() == io, name
     full = build_router("full_attnres", D, L)
     assert full.ideal_io_per_token(16) == full.ideal_io_per_token() == 24
-    assert build_router("rezero", D, L).ideal_io_per_token() == 3
-    assert build_router("layerscale", D, L).ideal_io_per_token() == 3
-    # detail routers: (1+K)·N/S + 3 + 2(1+K)
-    assert build_router("haares", D, L, n_blocks=8).ideal_io_per_token() == 2 * 0.5 + 3 + 4 == 8
-    assert build_router("wav_v1", D, L, n_blocks=8).ideal_io_per_token() == 3 * 0.5 + 3 + 6 == 10.5
+    assert (expect["haares"], expect["wav_v1"]) == (8, 10.5)
 
 
 def test_ideal_io_schedules():

@@ -16,6 +16,7 @@ Regenerate after an intended change, and read the diff before committing it::
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections import Counter
 from pathlib import Path
@@ -107,4 +108,11 @@ def test_behaviour_matches_the_golden_file(tmp_path, request):
             case[:] = [m for m in case if m.split(" ")[0] not in OPTIONAL_METRICS]
         for m in OPTIONAL_METRICS:
             rec["filled_columns"].pop(m, None)
-    assert got == want, "behaviour moved: run `make golden` and read `git diff tests/golden/`"
+    if got != want:
+        diff = "\n".join(difflib.unified_diff(
+            json.dumps(want, indent=1, sort_keys=True).splitlines(),
+            json.dumps(got, indent=1, sort_keys=True).splitlines(), "golden", "this tree", lineterm="", n=1))
+        pytest.fail("what the tiny sweep and training run record moved (- golden, + this tree):\n"
+                    f"{diff}\nIf the change is intended, rewrite the golden file with `make golden` (= "
+                    "python -m pytest tests/test_golden.py --update-golden) and commit it with the change.",
+                    pytrace=False)

@@ -149,3 +149,44 @@ def test_every_monkeypatch_patches_the_module_where_the_name_is_looked_up():
                                       ("harness.paired", False), ("reports.frame.load_frame", True)])
 def test_the_path_check_tells_a_live_path_from_a_dead_one(text, ok):
     assert resolves(text) is ok
+
+
+def _design_metrics() -> set[str]:
+    """The metric names of DESIGN.md's "Metrics" table (first column; ``(+ _a, _b)`` suffixes
+    expand)."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    table = text.split("### Metrics", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    names: set[str] = set()
+    for line in table.splitlines()[2:]:
+        cell = line.split("|")[1]
+        base = re.findall(r"`(\w+)`", cell.split("(+")[0])
+        suffixes = re.findall(r"`(_\w+)`", cell.split("(+")[1]) if "(+" in cell else []
+        names |= set(base) | {b + s for b in base for s in suffixes}
+    return names
+
+
+def _written_metrics() -> set[str]:
+    """Metric names the code writes: every ``metric="…"`` keyword of harness/, the noise readings,
+    the CUDA memory readings, the bandwidth rows, and every metric of the golden run."""
+    import json
+
+    from harness.costs import bandwidth
+    from harness.timing import noise
+    out = set(noise.UNITS) | {"peak_allocated", "peak_reserved", "alloc_retries", "ooms",
+                              bandwidth.METRIC, bandwidth.NOMINAL_METRIC}
+    for f in sorted((ROOT / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (isinstance(node, ast.keyword) and node.arg == "metric" and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)):
+                out.add(node.value.value)
+    golden = json.loads((ROOT / "tests" / "golden" / "behaviour.json").read_text())
+    for part in ("sweep", "train"):
+        for metrics in golden[part]["records"]["cases"].values():
+            out |= {m.split(" ")[0] for m in metrics}
+    return out
+
+
+def test_every_metric_written_is_in_design_md():
+    missing = sorted(_written_metrics() - _design_metrics())
+    assert not missing, f"metrics written but not in DESIGN.md's \"Metrics\" table: {missing}"
+    assert {"step_time", "val_loss", "router_share_paired_difference"} <= _design_metrics()

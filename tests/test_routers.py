@@ -43,6 +43,7 @@ def test_router_parameter_counts_by_hand():
     expect = {"prenorm": 0, "rezero": 2 * L, "layerscale": 2 * L * d,
               "block_attnres": (2 * L + 1) * d, "full_attnres": (2 * L + 1) * d,
               "haares": (2 * L + 1) * d + (2 * L + 1), "wav_v1": (2 * L + 1) * d + 2 * (2 * L + 1)}
+    assert set(expect) == set(ROUTERS), "add the new router's parameter count by hand"
     for name, n in expect.items():
         assert sum(p.numel() for p in build_router(name, d, L).parameters()) == n, name
 

@@ -19,16 +19,15 @@ from typing import Any
 
 from harness.rundir.records import MANIFEST_FILE, RECORDS_FILE
 from harness.rundir.writer import RunWriter
+from harness.timing import noise
 from routers.errors import ConfigError
 
 __all__ = ["is_bench_json", "to_run_dir", "default_out"]
 
-#: Rows of a case's set-up, not of its timing: kept from the first benchmark that set the case up.
-SET_UP_METRICS = ("compile_time", "capture_time", "graph_breaks", "params_matrix", "params_router",
-                  "fwd_flops_dispatch", "bwd_flops_dispatch", "router_flops_dispatch", "fwd_flops_fvcore",
-                  "router_flops_fvcore", "router_flops_analytic", "router_state", "router_io_ideal",
-                  "router_io_measured", "saved_activation", "peak_allocated", "peak_reserved",
-                  "alloc_retries", "ooms")
+#: Rows of a timing (:func:`harness.sweep.timed.record_attempt`): each benchmark's own. Every other
+#: row of a case is of its set-up (parameters, FLOPs, memory, compile or capture time), kept from
+#: the first benchmark that set the case up, so a new set-up metric needs no entry here.
+TIMING_METRICS = ("step_time", "sm_clock_mhz", *noise.UNITS)
 #: Columns a unit writer sets itself (not taken from a stored row).
 _UNIT_COLUMNS = ("run_id", "session", "resume_unit", "schema", "device")
 
@@ -112,7 +111,7 @@ def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
             with run.unit(keys, kind="benchmark") as u:
                 statuses: dict[str, str] = {}
                 for r in rows:
-                    if r.get("metric") in SET_UP_METRICS:
+                    if r.get("metric") not in TIMING_METRICS:
                         # a case set up in several benchmarks: its first set-up only (a later
                         # compile hits the compile cache and would halve its compile time)
                         if (r.get("case_key"), r["metric"], r.get("repeat")) in seen:

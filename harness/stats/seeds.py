@@ -106,6 +106,11 @@ class PairedTest:
 
 
 def check_conf(conf: float) -> None:
+    """Check a coverage ``conf`` of an interval.
+
+    Raises:
+        ValueError: ``conf`` outside (0, 1).
+    """
     if not 0 < conf < 1:
         raise ValueError(f"conf must be in (0, 1), got {conf}")
 
