@@ -31,7 +31,7 @@ from . import frame, paired, render, tables  # noqa: E402
 from .plotting import save_png  # noqa: E402
 
 #: What makes two runs' step times the same case (run and device may differ).
-CASE = ("router", "options", "impl", "backend", "compile_mode", "mode", "workload",
+CASE = ("router", "options", "impl", "backend", "compile_mode", "compile_scope", "mode", "workload",
         *frame.SHAPE_COLS)
 #: A paired ratio's case also names its seed (pairs are timed per seed).
 PAIRED_CASE = (*CASE, "seed")
@@ -115,7 +115,7 @@ def _shown(t: pd.DataFrame) -> pd.DataFrame:
         shape = shape + " seed " + t["seed"].astype(str)
     t["shape"] = shape
     t["router"] = t["router"] + t["options"].map(lambda o: f" ({o})" if o else "")
-    t["backend"] = t["backend"].where(t["compile_mode"] == "", t["backend"] + ":" + t["compile_mode"])
+    t["backend"] = t.apply(frame.backend_text, axis=1) if len(t) else t["backend"]
     return t
 
 

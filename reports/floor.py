@@ -55,7 +55,7 @@ FLOOR_METHOD = (
 NO_TABLE = ("No floor: it needs paired step times of prenorm and another router in modes "
             "fwd, fwd_bwd or train_step (a run with a mem_bandwidth row gives the floor in ms).")
 
-COLUMNS = ["run_id", "router", "options", "impl", "variant", "backend", "compile_mode", "mode",
+COLUMNS = ["run_id", "router", "options", "impl", "variant", "backend", "compile_mode", "compile_scope", "mode",
            "workload", *frame.SHAPE_COLS, "device", "extra_bytes", "bandwidth_gbs", "nominal_gbs",
            "floor_ms", "prenorm_ms", "floor_share_pct", "paired_overhead_pct", "over_floor"]
 #: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).

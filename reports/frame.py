@@ -33,12 +33,12 @@ SHAPE_COLS = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "dtype"
 #: One cost case: what was routed, how it ran, on which shape, in which run (repeats of two runs,
 #: maybe on two machines, are never pooled). ``variant`` labels (router, impl, options) for
 #: legends; it adds no grouping of its own.
-CASE_KEYS = ("run_id", "router", "options", "impl", "backend", "compile_mode", "mode", "workload",
+CASE_KEYS = ("run_id", "router", "options", "impl", "backend", "compile_mode", "compile_scope", "mode", "workload",
              *SHAPE_COLS, "device", "variant")
 
 
 #: A router's baseline: the prenorm case of the same run, setting and shape (any impl).
-BASE_KEYS = ("run_id", "backend", "compile_mode", "mode", "workload", *SHAPE_COLS, "device")
+BASE_KEYS = ("run_id", "backend", "compile_mode", "compile_scope", "mode", "workload", *SHAPE_COLS, "device")
 
 
 #: Counts that do not depend on how the model ran (FLOPs, parameters).
@@ -182,7 +182,7 @@ def sort_cases(t: pd.DataFrame) -> pd.DataFrame:
     """Cases in report order: run, workload, mode, backend (eager first), shape, prenorm first."""
     rank = {b: i for i, b in enumerate(BACKEND_ORDER)}
     t = t.assign(_backend=t["backend"].map(rank).fillna(len(rank)), _base=t["router"] != BASELINE)
-    order = ["run_id", "workload", "mode", "_backend", "backend", "compile_mode", *SHAPE_COLS,
+    order = ["run_id", "workload", "mode", "_backend", "backend", "compile_mode", "compile_scope", *SHAPE_COLS,
              "device", "_base", "router", "variant"]
     return t.sort_values([c for c in order if c in t], kind="stable").drop(
         columns=["_backend", "_base"])
@@ -190,6 +190,17 @@ def sort_cases(t: pd.DataFrame) -> pd.DataFrame:
 
 #: Shape columns of a case label and their letters: "d=32 L=2 T=32 B=8".
 _SHAPE_LETTERS = (("d_model", "d"), ("n_layers", "L"), ("seq_len", "T"), ("batch_size", "B"))
+
+
+def backend_text(r: Any) -> str:
+    """``backend``, with ``:compile_mode`` and ``:compile_scope`` where the case has them
+    (``compile:default:layer``)."""
+    out = str(r["backend"])
+    for col in ("compile_mode", "compile_scope"):
+        v = r.get(col) if hasattr(r, "get") else None
+        if v is not None and v == v and v != "":
+            out += f":{v}"
+    return out
 
 
 def case_label(r: Any) -> str:
@@ -200,7 +211,7 @@ def case_label(r: Any) -> str:
         return v is not None and v == v and v != ""
 
     parts = [r["router"] + (f" ({r['options']})" if has(r.get("options")) else ""), r["impl"],
-             r["backend"] + (f":{r['compile_mode']}" if has(r.get("compile_mode")) else ""),
+             backend_text(r),
              r["mode"],
              " ".join(f"{k}={int(r[c])}" for c, k in _SHAPE_LETTERS if has(r.get(c))),
              f"seed {int(r['seed'])}" if has(r.get("seed")) else ""]

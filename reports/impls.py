@@ -24,7 +24,8 @@ from . import frame  # noqa: E402
 from .plotting import save_png  # noqa: E402
 
 #: What makes a case; impls of one case are compared.
-CASE = ("run_id", "router", "options", "backend", "compile_mode", "mode", "workload", *frame.SHAPE_COLS)
+CASE = ("run_id", "router", "options", "backend", "compile_mode", "compile_scope", "mode", "workload",
+        *frame.SHAPE_COLS)
 COLUMNS = [*CASE, "impl", "median_ms", "vs_fastest", "parity_error", "parity"]
 COLUMN_STYLE = {"vs_fastest": ("step time / fastest impl (×)", "{:.3f}"),
                 "parity_error": ("parity error vs naive (max rel)", "{:.1e}"), "parity": ("parity", None)}

@@ -33,11 +33,11 @@ from . import frame  # noqa: E402
 from .plotting import save_png  # noqa: E402
 
 #: Rows timed together: one session of one run at one setting and shape.
-PAIR_KEYS = ("run_id", "session", "backend", "compile_mode", "mode", "workload",
+PAIR_KEYS = ("run_id", "session", "backend", "compile_mode", "compile_scope", "mode", "workload",
              *frame.SHAPE_COLS, "device", "seed")
 VARIANT_KEYS = ("router", "options", "impl", "variant")
 #: What must match for two runs' ratios to be the same case (run, session and device may differ).
-SAME_CASE = ("backend", "compile_mode", "mode", "workload", *frame.SHAPE_COLS, "seed", "variant")
+SAME_CASE = ("backend", "compile_mode", "compile_scope", "mode", "workload", *frame.SHAPE_COLS, "seed", "variant")
 CONF = 0.95
 COLUMNS = [*(k for k in PAIR_KEYS if k != "session"), *VARIANT_KEYS, "pairs", "median_ms",
            "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi", "attempts",
@@ -52,6 +52,9 @@ COLUMN_STYLE = {
     "eager_ms": ("eager (ms)", "{:.3f}"),
     "paired_vs_eager": ("vs eager, paired (median of pairs, ×)", "{:.3f}"),
     "paired_vs_eager_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "paired_vs_eager_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
+    "model_ms": ("model scope (ms)", "{:.3f}"), "layer_ms": ("layer scope (ms)", "{:.3f}"),
+    "layer_vs_model": ("layer / model scope, paired (median of pairs, ×)", "{:.3f}"),
+    "layer_vs_model_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "layer_vs_model_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
 }
 METHOD = (f"Paired timing: in each run, the routers of one backend, mode and shape were timed "
           f"interleaved with prenorm in one process (ABBA rounds unless the manifest says "
@@ -138,7 +141,7 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
 EAGER_KEYS = ("run_id", "session", "resume_unit", "mode", "workload", *frame.SHAPE_COLS, "device",
               "seed", "router", "options", "impl", "variant")
 EAGER_COLUMNS = [*(k for k in EAGER_KEYS if k != "resume_unit"), "backend",
-                 "compile_mode", "pairs", "eager_ms", "median_ms", "paired_vs_eager", "paired_vs_eager_lo",
+                 "compile_mode", "compile_scope", "pairs", "eager_ms", "median_ms", "paired_vs_eager", "paired_vs_eager_lo",
                  "paired_vs_eager_hi", "noisy"]
 
 
@@ -162,7 +165,8 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
         eager = eager_rows.groupby("pair")["value"].median()
         if eager.empty:
             continue
-        for (backend, cm), o in g[g["backend"] != "eager"].groupby(["backend", "compile_mode"], sort=False):
+        for (backend, cm, sc), o in g[g["backend"] != "eager"].groupby(["backend", "compile_mode", "compile_scope"],
+                                                                      sort=False):
             other = o.groupby("pair")["value"].median()
             common = other.index.intersection(eager.index).sort_values()
             if common.empty:
@@ -171,13 +175,54 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
                                                n_boot=n_boot, conf=conf, seed=seed)
             reasons = [f"{side}: {r}" for side, rows_ in ((backend, o), ("eager", eager_rows))
                        for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
-            out.append({**dict(zip(EAGER_KEYS, gk)), "backend": backend, "compile_mode": cm,
+            out.append({**dict(zip(EAGER_KEYS, gk)), "backend": backend, "compile_mode": cm, "compile_scope": sc,
                         "pairs": len(common), "eager_ms": float(eager[common].median()),
                         "median_ms": float(other[common].median()), "paired_vs_eager": ratio,
                         "paired_vs_eager_lo": lo, "paired_vs_eager_hi": hi, "noisy": "; ".join(reasons)})
     if not out:
         return pd.DataFrame(columns=EAGER_COLUMNS)
     return pd.DataFrame(out)[EAGER_COLUMNS].reset_index(drop=True)
+
+
+#: Columns of :func:`paired_scope_table`.
+SCOPE_COLUMNS = [*(k for k in EAGER_KEYS if k != "resume_unit"), "compile_mode", "pairs", "model_ms",
+                 "layer_ms", "layer_vs_model", "layer_vs_model_lo", "layer_vs_model_hi", "noisy"]
+
+
+def paired_scope_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
+                       seed: int = 0) -> pd.DataFrame:
+    """Each router's layer-scope compiled step against its model-scope compiled step of the same
+    compile mode and shape, timed in the same interleaved group, pair by pair.
+
+    Returns:
+        :data:`SCOPE_COLUMNS`: ``layer_vs_model`` (median over rounds of the layer-scope time /
+        the model-scope time of the same round; below 1 is faster) with its bootstrap interval,
+        ``model_ms`` and ``layer_ms`` over the common rounds, ``noisy`` as in
+        :func:`paired_vs_eager_table`. Groups that timed one scope only give no rows.
+    """
+    rows = paired_rows(df)
+    rows = rows[rows["backend"] == "compile"]
+    why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
+    out = []
+    for gk, g in rows.groupby([*EAGER_KEYS, "compile_mode"], dropna=False, sort=False):
+        sides = {sc: g[g["compile_scope"] == sc] for sc in ("model", "layer")}
+        if any(v.empty for v in sides.values()):
+            continue
+        t = {sc: v.groupby("pair")["value"].median() for sc, v in sides.items()}
+        common = t["model"].index.intersection(t["layer"].index).sort_values()
+        if common.empty:
+            continue
+        ratio, lo, hi = bootstrap_ratio_ci(t["model"][common].tolist(), t["layer"][common].tolist(),
+                                           n_boot=n_boot, conf=conf, seed=seed)
+        reasons = [f"{sc}: {r}" for sc, v in sides.items()
+                   for r in why.get((v["case_key"].iloc[0], v["session"].iloc[0]), [])]
+        out.append({**dict(zip([*EAGER_KEYS, "compile_mode"], gk)), "pairs": len(common),
+                    "model_ms": float(t["model"][common].median()), "layer_ms": float(t["layer"][common].median()),
+                    "layer_vs_model": ratio, "layer_vs_model_lo": lo, "layer_vs_model_hi": hi,
+                    "noisy": "; ".join(reasons)})
+    if not out:
+        return pd.DataFrame(columns=SCOPE_COLUMNS)
+    return pd.DataFrame(out)[SCOPE_COLUMNS].reset_index(drop=True)
 
 
 def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None,
@@ -204,8 +249,7 @@ def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None,
 
 def _panel(t: pd.DataFrame) -> pd.Series:
     """One panel per setting and shape; only the shape columns that vary are named."""
-    label = t["mode"] + " · " + t["backend"].where(t["compile_mode"] == "",
-                                                  t["backend"] + ":" + t["compile_mode"])
+    label = t["mode"] + " · " + t.apply(frame.backend_text, axis=1) if len(t) else t["mode"]
     if t["workload"].nunique() > 1:
         label = label + " · " + t["workload"]
     for col, short in (("d_model", "d"), ("n_layers", "L"), ("seq_len", "T"),

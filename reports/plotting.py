@@ -82,9 +82,12 @@ def measured_ticks(g, values, log2: bool) -> None:
 
 
 def backend_label(frame: pd.DataFrame) -> pd.Series:
-    """The backend of each row, with its compile mode where it has one (``compile:default``)."""
-    return frame["backend"].where(frame["compile_mode"] == "",
-                                  frame["backend"] + ":" + frame["compile_mode"])
+    """The backend of each row, with its compile mode and scope where it has them
+    (``compile:default:layer``)."""
+    label = frame["backend"].where(frame["compile_mode"] == "", frame["backend"] + ":" + frame["compile_mode"])
+    if "compile_scope" in frame:
+        label = label.where(frame["compile_scope"] == "", label + ":" + frame["compile_scope"])
+    return label
 
 
 def facet(frame: pd.DataFrame, col: str) -> str | None:
@@ -125,7 +128,7 @@ IMPL_MARKERS = {"naive": "o", "two_phase": "s"}
 
 #: What a panel of a cost figure never pools: the run (maybe another machine), the setting, the
 #: seed. Shape columns other than the figure's own axes are added by each figure.
-PANEL_KEYS = ("run_id", "mode", "workload", "backend", "compile_mode", "device", "seed")
+PANEL_KEYS = ("run_id", "mode", "workload", "backend", "compile_mode", "compile_scope", "device", "seed")
 
 
 def shape_text(t: pd.DataFrame, skip: tuple = ()) -> str:
@@ -219,7 +222,7 @@ def panel_label(t: pd.DataFrame, keys: list[str], always: tuple = ()) -> pd.Seri
     """Mode and backend always, then each key (and the ``always`` shape columns) that varies."""
     label = t["mode"] + " · " + backend_label(t)
     for col in [*keys, *always]:
-        if col in ("mode", "backend", "compile_mode") or col not in t:
+        if col in ("mode", "backend", "compile_mode", "compile_scope") or col not in t:
             continue
         if col in always or t[col].nunique() > 1:
             name = f"{LETTER[col]}=" if LETTER.get(col) else "" if col == "dtype" else f"{col} "

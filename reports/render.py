@@ -40,13 +40,18 @@ COLUMN_STYLE = {
     "model_tflops": ("model TFLOP/s", "{:.3f}"), "device_name": ("device name", None),
     "peak_tflops": ("peak BF16 TFLOP/s", "{:.0f}"), "mfu_pct": ("MFU (%)", "{:.2f}"),
     "train_time": ("training clock (s)", sentences.fmt_sig),
+    "compile_time": ("compile time (s)", "{:.2f}"), "graphs_fwd": ("fwd graphs", "{:.0f}"),
+    "graphs_bwd": ("bwd graphs", "{:.0f}"), "recompiles": ("recompiles", "{:.0f}"),
+    "graph_breaks": ("graph breaks", "{:.0f}"), "fxgraph_cache_hit": ("FX cache hits", "{:.0f}"),
+    "fxgraph_cache_miss": ("FX cache misses", "{:.0f}"), "aot_cache_hit": ("AOT cache hits", "{:.0f}"),
+    "aot_cache_miss": ("AOT cache misses", "{:.0f}"),
 }
 COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
 COLUMN_STYLE.update(floor.COLUMN_STYLE)
 COLUMN_STYLE.update(summary.COLUMN_STYLE)
 COLUMN_STYLE.update(impls.COLUMN_STYLE)
 #: Case columns that, when equal in every row, move into a sentence above the table.
-_COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "mode", "workload",
+_COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "compile_scope", "mode", "workload",
            *SHAPE_COLS, "device", "seed")
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;

@@ -17,6 +17,7 @@ FIGURES = {**{k: time_figures.FIGURES[k] for k in ("step_time_overhead_vs_width"
            **{k: count_figures.FIGURES[k] for k in ("router_flop_share_vs_width", "flops_vs_depth",
                                                     "memory_vs_depth")},
            "compile_vs_eager": time_figures.FIGURES["compile_vs_eager"],
+           "compile_time_vs_depth": time_figures.FIGURES["compile_time_vs_depth"],
            "router_cost_models": count_figures.FIGURES["router_cost_models"],
            **training_figures.FIGURES, **paired.FIGURES, **impls.FIGURES}
 

@@ -127,7 +127,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                                 "in the same run; the paired ratios are in the summary and the paired "
                                 "section)."))
     cost.blocks += table_blocks(tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
-                                 split=("run_id", "workload", "mode", "backend", "compile_mode"))
+                                 split=("run_id", "workload", "mode", "backend", "compile_mode", "compile_scope"))
     cost.blocks += [("subtitle", "Throughput and MFU"), (
         "text", "tokens/s = tokens per step (B·T; B for decode) / median step. Model FLOP per "
                 "step (docs/FLOPS.md, \"MFU\"): per token 6·N + 12·L·d·T for fwd_bwd and "
@@ -137,7 +137,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                 "unknown device.")]
     cost.blocks += table_blocks(tables.mfu_table(df, manifests), "No timed cost cases.",
                                  drop=("variant",),
-                                 split=("run_id", "workload", "mode", "backend", "compile_mode"))
+                                 split=("run_id", "workload", "mode", "backend", "compile_mode", "compile_scope"))
     bt = tables.backend_table(df)
     bt = bt[bt["backend"] != "eager"]
     backends = Section("Backends: compiled and graph-replayed vs eager", [(
@@ -155,6 +155,26 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                                      drop=("variant",), split=("run_id", "mode"))
     backends.blocks.append(_figure_block(figs.get("compile_vs_eager"), "compile_vs_eager",
                                          "Eager vs compiled"))
+    scope_t = paired.paired_scope_table(df)
+    if not scope_t.empty:
+        backends.blocks += [("subtitle", "Compile scopes: layer vs model"), (
+            "text", "Paired: the layer-scope step (one compiled region per sublayer role, reused at every "
+                    "layer) against the model-scope step (the whole forward in one graph) of the same "
+                    "router, impl and shape, timed in one interleaved group; layer / model = median over "
+                    "rounds with a 95 % bootstrap CI (below 1 is faster).")]
+        backends.blocks += table_blocks(scope_t, "", drop=("variant", "session"), split=("run_id", "mode"))
+    comp_t = tables.compile_table(df)
+    if not comp_t.empty:
+        backends.blocks += [("subtitle", "What compiling took"), (
+            "text", "Per compiled case: compile time (the first call, s); dynamo's graph breaks; "
+                    "graphs_fwd, the forward graphs Inductor compiled (dynamo's stats.unique_graphs), "
+                    "graphs_bwd, the backward graphs beyond them (Inductor's fxgraph_cache hits + "
+                    "misses + bypasses, less the forward ones); recompiles, compiled frames beyond one "
+                    "per compiled function (frames.ok); Inductor's FX-graph cache and AOTAutograd's "
+                    "cache hits and misses (a cold compile misses every one).")]
+        backends.blocks += table_blocks(comp_t, "", drop=("variant",), split=("run_id", "mode"))
+    backends.blocks.append(_figure_block(figs.get("compile_time_vs_depth"), "compile_time_vs_depth",
+                                         "Compile time vs depth: layer scope solid, model scope dashed"))
     models = Section("Router cost models", [(
         "text", "Per router and shape: analytic forward FLOP per token (naive reference, "
                 f"{tables.FLOP_CONVENTION}); residual-stream traffic per token and sublayer in "
@@ -171,14 +191,14 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
     pairs.blocks += table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
                                   drop=("variant",), split=("run_id", "mode", "backend",
-                                                            "compile_mode"))
+                                                            "compile_mode", "compile_scope"))
     if not figs.get("paired_ratios"):  # else the summary shows it
         pairs.blocks.append(("text", paired.NO_DATA))
     floor_t = floor.floor_table(df)
     floors = Section("Physical floor: the router's extra bytes over the memory bandwidth",
                      [("text", floor.FLOOR_METHOD)])
     floors.blocks += table_blocks(floor_t, floor.NO_TABLE, drop=("variant",),
-                                   split=("run_id", "mode", "backend", "compile_mode"))
+                                   split=("run_id", "mode", "backend", "compile_mode", "compile_scope"))
     impl_t = impls.impl_table(df)
     impl_sec = Section("Implementations: step time relative to the fastest, with parity errors",
                        [("text", impls.METHOD)])
@@ -191,7 +211,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
 
 #: Columns of a failed case folded into its label (:func:`reports.tables.case_label`); the case
 #: key (hundreds of characters) stays out of the report.
-_FAILURE_FOLDED = ("case_key", "router", "options", "impl", "backend", "compile_mode", "mode",
+_FAILURE_FOLDED = ("case_key", "router", "options", "impl", "backend", "compile_mode", "compile_scope", "mode",
                    "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed")
 
 
@@ -245,7 +265,7 @@ def consistency_warnings(df: pd.DataFrame, tolerance: float = RATIO_TOLERANCE) -
         pt = paired.paired_ratio_table(df)
         ov = tables.overhead_table(df)
         if not pt.empty and not ov.empty:
-            on = [k for k in ("run_id", "backend", "compile_mode", "mode", "workload", *frame.SHAPE_COLS,
+            on = [k for k in ("run_id", "backend", "compile_mode", "compile_scope", "mode", "workload", *frame.SHAPE_COLS,
                               "variant") if k in pt and k in ov]
             both = pt.merge(ov[[*on, "overhead_pct"]], on=on)
             unpaired = 1 + both["overhead_pct"] / 100

@@ -127,7 +127,7 @@ def backend_table(df: pd.DataFrame) -> pd.DataFrame:
     t = overhead_table(df)
     if t.empty:
         return pd.DataFrame(columns=cols)
-    same = [k for k in CASE_KEYS if k not in ("backend", "compile_mode")]
+    same = [k for k in CASE_KEYS if k not in ("backend", "compile_mode", "compile_scope")]
     eager = t[t["backend"] == "eager"].groupby(same, dropna=False)["median_ms"].median()
     t = t.merge(eager.rename("eager_ms").reset_index(), on=same, how="left")
     t["vs_eager"] = t["median_ms"].astype(float) / t["eager_ms"].astype(float)
@@ -245,11 +245,11 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
 
     Returns:
         ``run_id``, ``case_key``, ``case`` (:func:`case_label`), ``router``, ``options``,
-        ``impl``, ``backend``, ``compile_mode``, ``mode``, ``workload``, ``d_model``,
+        ``impl``, ``backend``, ``compile_mode``, ``compile_scope``, ``mode``, ``workload``, ``d_model``,
         ``n_layers``, ``seq_len``, ``batch_size``, ``seed``, ``metric``, ``status``, ``error``;
         exact duplicates dropped.
     """
-    cols = ["run_id", "case_key", "router", "options", "impl", "backend", "compile_mode", "mode",
+    cols = ["run_id", "case_key", "router", "options", "impl", "backend", "compile_mode", "compile_scope", "mode",
             "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed", "metric",
             "status", "error"]
     bad = df[~df["status"].isin(["ok", "not_converged"])][cols].drop_duplicates()
@@ -305,3 +305,23 @@ def mfu_table(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> pd.
     t["device_name"], t["peak_tflops"] = names, peaks
     t["mfu_pct"] = t["model_tflops"] / t["peak_tflops"].astype(float) * 100
     return sort_cases(t)[cols].reset_index(drop=True)
+
+
+#: The compile rows of a compiled case (``harness.step.backends.compile_rows``), in table order.
+COMPILE_METRICS = ("compile_time", "graph_breaks", "graphs_fwd", "graphs_bwd", "recompiles",
+                   "fxgraph_cache_hit", "fxgraph_cache_miss", "aot_cache_hit", "aot_cache_miss")
+
+
+def compile_table(df: pd.DataFrame) -> pd.DataFrame:
+    """What compiling each compiled case took: :data:`CASE_KEYS` and one column per
+    :data:`COMPILE_METRICS` (``compile_time`` in s, the rest counts; the last value where a case
+    was compiled more than once), blank where a run predates a metric."""
+    rows = ok_rows(cost_rows(df), "compile_time")
+    if rows.empty:
+        return pd.DataFrame(columns=[*CASE_KEYS, *COMPILE_METRICS])
+    keys = [k for k in CASE_KEYS if k in df]
+    picked = df[df["metric"].isin(COMPILE_METRICS) & (df["status"] == "ok") & df["case_key"].isin(rows["case_key"])]
+    wide = picked.pivot_table(index=keys, columns="metric", values="value", aggfunc="last", dropna=False)
+    wide = wide.reindex(columns=list(COMPILE_METRICS)).reset_index()
+    wide = wide[wide["compile_time"].notna()]
+    return sort_cases(wide)[[*keys, *COMPILE_METRICS]].reset_index(drop=True)

@@ -32,6 +32,8 @@ NO_DATA = {
                          "prenorm and another router at two or more widths (d_model).",
     "overhead_vs_depth": "No data for this figure: it needs paired step times (--paired) of "
                          "prenorm and another router at two or more depths (n_layers).",
+    "compile_time_vs_depth": "No data for this figure: it needs compile times (--backends compile) "
+                             "of a router at two or more depths (n_layers).",
 }
 
 
@@ -201,10 +203,55 @@ def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     return pl.save_with_data(fig, out_dir, "compile_vs_eager", data)
 
 
+#: Line style of each compile scope in :func:`compile_time_vs_depth`.
+SCOPE_LINES = {"layer": "-", "model": "--"}
+
+
+def compile_time_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
+    """Compile time against n_layers, one line per router, impl and compile scope (the scope by
+    line style, the router by hue, the impl by marker): the cost the layer scope keeps flat. One
+    panel per run, mode, compile mode and workload, at the widest width that ran compiled.
+
+    Returns:
+        ``<out_dir>/compile_time_vs_depth.png`` with ``compile_time_vs_depth.csv`` (the
+        ``compile_time`` rows drawn, seconds), or ``None`` without compile times at two or more
+        depths.
+    """
+    t = frame.ok_rows(frame.cost_rows(df), "compile_time")
+    t = t[t["backend"] == "compile"]
+    if t.empty:
+        return None
+    keys = ["run_id", "mode", "compile_mode", "workload", "router", "options", "impl", "compile_scope"]
+    t = (t.groupby([*keys, "d_model", "n_layers"], dropna=False)["value"].median()
+         .rename("compile_s").reset_index())
+    t = pl.largest(t, keys, "n_layers", "d_model")
+    if t.empty:
+        return None
+    t["panel"] = pl.panel_label(t.assign(backend="compile"), ["run_id", "workload"])
+    palette = pl.family_palette(t)
+    fig, axes = pl.panel_grid(t["panel"].nunique())
+    for ax, (panel, g) in zip(axes, t.groupby("panel", sort=False)):
+        for (fam, impl, scope), line in g.assign(family=pl.family(g)).groupby(["family", "impl", "compile_scope"]):
+            line = line.sort_values("n_layers")
+            ax.plot(line["n_layers"], line["compile_s"], color=palette.get(fam), linestyle=SCOPE_LINES.get(scope, ":"),
+                    marker=pl.IMPL_MARKERS.get(impl, "o"), label=f"{fam} [{impl}] {scope}")
+        pl.x_ticks(ax, g["n_layers"], log2=False)
+        ax.set_xlabel("n_layers (decoder blocks)")
+        ax.set_ylabel("compile time (s; first call, compile included)")
+        ax.set_title(panel, fontsize=9)
+    pl.figure_legend(fig, axes)
+    pl.suptitle(fig, f"Compile time vs depth by compile scope — {pl.device_title(df)}",
+                f"d={pl.fixed_text(t, 'd_model')}; layer scope solid, model scope dashed")
+    fig.tight_layout()
+    return pl.save_with_data(fig, out_dir, "compile_time_vs_depth",
+                             t[["panel", *keys, "d_model", "n_layers", "compile_s"]])
+
+
 #: Figure functions of this module in report order.
 FIGURES = {
     "step_time_overhead_vs_width": step_time_overhead_vs_width,
     "overhead_vs_width": overhead_vs_width,
     "overhead_vs_depth": overhead_vs_depth,
     "compile_vs_eager": compile_vs_eager,
+    "compile_time_vs_depth": compile_time_vs_depth,
 }

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from . import two_phase
+from . import block_regions, two_phase
 from .base import Router, Slot, block_layout
 from .errors import ConfigError
 from .mixer import EPS, depth_mix
@@ -48,7 +48,7 @@ class BlockState(NamedTuple):
 
 
 @register("block_attnres")
-class BlockAttnRes(Router):
+class BlockAttnRes(block_regions.BlockRegions, Router):
     """Block Attention Residuals (arXiv:2603.15031, Sec. "Block AttnRes").
 
     Args:
@@ -97,6 +97,8 @@ class BlockAttnRes(Router):
         self.pseudo_query = nn.Parameter(torch.zeros(n_reads, d_model))
         self.key_gain = nn.Parameter(torch.ones(n_reads, d_model)) if key_norm_gain else None
         self.readout_details = False
+        # c of each slot's update in each detail kind, for the layer scope's regions
+        self.register_buffer("region_coefs", block_regions.coefficient_table(self), persistent=False)
 
     # --- detail hooks (overridden by the multi-resolution routers) -------------------------
     def _coefficients(self, slot: Slot) -> tuple[int, ...]:
@@ -249,7 +251,7 @@ class BlockAttnRes(Router):
         flop += mix(n_out, bias=K > 0 and self.readout_details)            # the readout
         return float(flop * batch_size * seq_len)
 
-    def _state_counts(self, impl: str) -> list[tuple[int, int]]:
+    def _state_counts(self, impl: str, padded: bool = False) -> list[tuple[int, int]]:
         """Router state after ``init_state`` and after each ``write``, as pairs (distinct (B, T, d)
         tensors, (B, T) statistics). Aliases count once: at p = 0 the partial sum P *is* the
         update u, and so is every detail with coefficient +1.
@@ -259,6 +261,9 @@ class BlockAttnRes(Router):
         two_phase (``routers/two_phase.py``): the same plus, per completed source (e included),
         its inverse RMS (a (B, T) statistic), and the current block's phase-1 outputs (one
         (m, B, T, d) tensor = m (B, T, d)) with two (m, B, T) statistics (max and sum of exps).
+        ``padded`` (two_phase under the layer scope, ``routers/block_regions.py``): also the one
+        zero tensor and the one zero statistic every pad is a view of, and at p = 0 each detail is
+        c·u, a new tensor whatever c (the region graph does not know the sign).
         """
         K = len(self.detail_kinds)
         two = impl == "two_phase"
@@ -276,15 +281,23 @@ class BlockAttnRes(Router):
                 pool = (slot.block - 1) * (1 + K)
                 if slot.pos >= 1:
                     running = 1 + K                           # P + u and each D ± u: new tensors
+                elif padded:                                  # P = u; each c·u is new
+                    running = 1 + K
                 else:                                         # P = u; +u aliases it, −u is new
                     running = 1 + sum(c < 0 for c in self._coefficients(slot))
                 m = slot.block_len if two else 0
                 counts.append((1 + pool + running + m, (1 + pool + 2 * m) if two else 0))
-        return counts
+        return [(n + 1, k + 1) for n, k in counts] if padded else counts
 
     def live_state_bytes(self, batch_size: int, seq_len: int, dtype: torch.dtype = torch.float32,
-                         impl: str | None = None) -> int:
+                         impl: str | None = None, layout: str = "tuple") -> int:
         """Peak bytes of router state between sublayers (:meth:`Router.live_state_bytes`).
+
+        ``layout="padded"``: ``two_phase``'s state under the layer compile scope, whose pool of
+        fixed length holds views of one zero tensor (and its inverse RMS one zero statistic) where
+        a block has not completed yet, and a mask of its valid slots (:meth:`_state_counts`;
+        :func:`routers.block_regions.capacity` values in the softmax dtype; the padded phase 1 costs
+        :func:`routers.block_regions.masked_phase1_flops` more).
 
         ``naive``: max over the states of (1 + pool + running sums) tensors of (B, T, d): e,
         the completed pool (C_b and its K RMS-matched details per block, 1 + K each; the last
@@ -296,12 +309,15 @@ class BlockAttnRes(Router):
         See :meth:`_state_counts`.
         """
         impl = self._cost_impl(impl)
+        if layout not in ("tuple", "padded") or (layout == "padded" and impl != "two_phase"):
+            raise ValueError(f"layout={layout!r}: 'tuple', or 'padded' for impl two_phase (got impl {impl})")
         dtype = dtype or torch.float32
         tokens = batch_size * seq_len
         item = torch.empty((), dtype=dtype).element_size()
         stat_item = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()
-        return max(n * tokens * self.d_model * item + n_stats * tokens * stat_item
-                   for n, n_stats in self._state_counts(impl))
+        mask = block_regions.capacity(self) * stat_item if layout == "padded" else 0  # valid, (1+N(1+K),)
+        return mask + max(n * tokens * self.d_model * item + n_stats * tokens * stat_item
+                          for n, n_stats in self._state_counts(impl, layout == "padded"))
 
     def ideal_io_per_token(self, schedule: int | None = None) -> float:
         """Ideal I/O per token and sublayer, units of d elements (AttnRes paper, Table 1).

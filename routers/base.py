@@ -141,6 +141,62 @@ class Router(nn.Module, abc.ABC):
         """The resolved options of this instance (JSON-able), for the ``router_options`` column."""
         return {}
 
+    # --- regions: the layer compile scope (DESIGN.md, "Backends and modes") --------------------
+    # Under ``--compile-scope layer`` the decoder compiles one region per sublayer *role* and calls
+    # it at every slot of that role: ``region_read``, the sublayer, ``region_write``. A region's
+    # graph may depend only on ``region_role(slot)`` (static, never the slot's index) and on the
+    # shapes of its tensors; whatever else varies per slot reaches it as a tensor of
+    # ``region_params`` (a slice of a stacked parameter, a row of the state), computed outside the
+    # region. The region state may have another layout than the eager one (a padded pool of fixed
+    # length); ``region_init`` makes it, ``region_output`` reads it.
+    def region_role(self, slot: Slot) -> tuple:
+        """The static key of ``slot``'s read and write inside a compiled region (hashable; the
+        sublayer's kind is added by the decoder). Default: ``()``, the same at every slot."""
+        return ()
+
+    def region_params(self, state: Any, slot: Slot) -> tuple:
+        """The tensors (or None) a region of ``slot`` takes beside the state, computed outside it:
+        per-slot parameter slices (α_k, a pseudo-query row) and state rows chosen by the slot's
+        position. Default: ``()``."""
+        return ()
+
+    def region_init(self, embedding: Tensor) -> Any:
+        """The region state before sublayer 0, from e (B, T, d). Default: :meth:`init_state`."""
+        return self.init_state(embedding)
+
+    def region_begin(self, state: Any) -> Any:
+        """The region state after the init region, outside any region (eager: a layout whose
+        tensors must be distinct objects is made here). Default: ``state``."""
+        return state
+
+    def region_read(self, state: Any, role: tuple, params: tuple) -> Tensor:
+        """h_k (B, T, d) of a slot of ``role`` with ``params``, inside a region.
+
+        Raises:
+            NotImplementedError: the router has no region form (use ``--compile-scope model``).
+        """
+        raise NotImplementedError(f"router {self.name} has no region form for --compile-scope layer; "
+                                  "use --compile-scope model")
+
+    def region_write(self, state: Any, role: tuple, params: tuple, update: Tensor) -> Any:
+        """The region state after a slot of ``role`` returned ``update`` (B, T, d).
+
+        Raises:
+            NotImplementedError: the router has no region form (use ``--compile-scope model``).
+        """
+        raise NotImplementedError(f"router {self.name} has no region form for --compile-scope layer; "
+                                  "use --compile-scope model")
+
+    def region_output_params(self) -> tuple:
+        """The tensors the head region's readout takes (its own parameter rows), computed outside
+        it, so the head region does not depend on the depth either. Default: ``()``."""
+        return ()
+
+    def region_output(self, state: Any, params: tuple = ()) -> Tensor:
+        """h_out (B, T, d) from the region state and :meth:`region_output_params`. Default:
+        :meth:`output`."""
+        return self.output(state)
+
     # --- cost models (MEASUREMENT.md "FLOPs" and "Memory"; docs/FLOPS.md) ----------------------
     @abc.abstractmethod
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:

@@ -33,10 +33,19 @@ class PreNorm(Router):
         return state
 
     def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
-        return state + update
+        return self.region_write(state, (), self.region_params(state, slot), update)
 
     def output(self, state: Tensor) -> Tensor:
         return state
+
+    # --- regions (Router docstrings): the same read and write at every slot -------------------
+    def region_read(self, state: Tensor, role: tuple, params: tuple) -> Tensor:
+        """h_k is the stream itself."""
+        return state
+
+    def region_write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
+        """``h + u``."""
+        return state + update
 
     # --- cost models (Router docstrings; docs/FLOPS.md) ----------------------------------------
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
@@ -83,8 +92,13 @@ class ReZero(PreNorm):
         super().__init__(d_model, n_layers)
         self.alpha = nn.Parameter(torch.zeros(2 * n_layers))
 
-    def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
-        return state + self.alpha[slot.index] * update
+    def region_params(self, state: Tensor, slot: Slot) -> tuple:
+        """α_k, a 0-d slice of the stacked α."""
+        return (self.alpha[slot.index],)
+
+    def region_write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
+        """``h + α_k u``."""
+        return state + params[0] * update
 
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Forward FLOP of ``h_{k+1} = h_k + α_k u_k`` over B·T tokens (docs/FLOPS.md).
@@ -122,8 +136,13 @@ class LayerScale(PreNorm):
         self.init = cait_init(n_layers) if init is None else float(init)
         self.gamma = nn.Parameter(torch.full((2 * n_layers, d_model), self.init))
 
-    def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
-        return state + self.gamma[slot.index] * update
+    def region_params(self, state: Tensor, slot: Slot) -> tuple:
+        """γ_k (d,), a row of the stacked γ."""
+        return (self.gamma[slot.index],)
+
+    def region_write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
+        """``h + γ_k ⊙ u``."""
+        return state + params[0] * update
 
     def options(self) -> dict:
         return {"init": self.init}

@@ -120,32 +120,46 @@ def phase1(r: BlockRouter, values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
 
 
 def phase2(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
-    """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``.
+    """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``
+    (:func:`merge` of P and the details the slot sees)."""
+    seen = r._partial_kinds(slot)
+    bias = bias_matrix(r, [slot.index], (None,) + tuple(seen))
+    return merge(st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos],
+                 queries(r, [slot.index])[0], st.partial, [st.partial_details[j] for j in seen],
+                 None if bias is None else bias[0], getattr(r, "max_detail_scale", 1.0))
+
+
+def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
+          bias: Tensor | None, max_detail_scale: float) -> Tensor:
+    """Phase 2 of one read: merge P and its visible details into phase 1's result.
 
     The partial sources are P and its visible details D̃ = c·D with the detached RMS-matching
     gain c = min(ρ, rms(P)/(rms(D) + ε)) (``routers.mixer.rms_match``). D̃ is never materialised:
     its logit is c·(w·D)·rsqrt(c²·mean(D²) + ε) and it enters the sum as (weight·c)·D.
+
+    Args:
+        o, mx, s: phase 1's output (B, T, d), running max and sum of exponentials (B, T) for the read.
+        q: the read's query (d,), key gain folded in.
+        P: the block's partial sum (B, T, d); details: the raw running details it sees.
+        bias: logit bias (1 + len(details),) over (P, details…), or None.
+        max_detail_scale: ρ.
+
+    Returns:
+        h (B, T, d) in the dtype of ``o``.
     """
-    o, mx, s = st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos]
-    q = queries(r, [slot.index])[0]
-    P = st.partial
     d, acc = P.shape[-1], mx.dtype
     ms_p = torch.linalg.vector_norm(P, dim=-1, dtype=acc).square() / d          # (B, T)
     logits, values, gains = [torch.matmul(P, q).to(acc) * torch.rsqrt(ms_p + EPS)], [P], [None]
-    kinds: tuple[int | None, ...] = (None,)
-    for j in r._partial_kinds(slot):
-        D = st.partial_details[j]
+    for D in details:
         ms_d = torch.linalg.vector_norm(D, dim=-1, dtype=acc).square() / d
         with torch.no_grad():
-            c = torch.clamp(ms_p.sqrt() / (ms_d.sqrt() + EPS), max=r.max_detail_scale)
+            c = torch.clamp(ms_p.sqrt() / (ms_d.sqrt() + EPS), max=max_detail_scale)
         logits.append(c * torch.matmul(D, q).to(acc) * torch.rsqrt(c.square() * ms_d + EPS))
         values.append(D)
         gains.append(c)
-        kinds += (j,)
     logits = torch.stack(logits)                                                  # (J, B, T)
-    bias = bias_matrix(r, [slot.index], kinds)
     if bias is not None:
-        logits = logits + bias[0].view(-1, 1, 1)
+        logits = logits + bias.view(-1, 1, 1)
     m_new = torch.maximum(mx, logits.amax(dim=0)).detach()
     a0 = s * torch.exp(mx - m_new)
     aj = torch.exp(logits - m_new)

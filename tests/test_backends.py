@@ -25,6 +25,8 @@ FAST = SweepOptions(flops=False, timing=TimingPolicy(warmup_min_count=2, warmup_
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # every router once, plus the two-phase path of the detail router with the most sources
 VARIANTS = [(n, "naive") for n in sorted(ROUTERS)] + [("wav_v1", "two_phase")]
+# every router × impl (the layer scope's equality: tests/test_compile_scope.py)
+ALL_IMPLS = [(n, i) for n in sorted(ROUTERS) for i in ROUTERS[n].impls]
 
 
 def model_for(name, impl, device="cpu"):
@@ -50,12 +52,13 @@ def outputs_and_grads(model, x, y):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name,impl", VARIANTS)
-def test_compile_equals_eager(name, impl):
+@pytest.mark.parametrize("name,impl", ALL_IMPLS)
+def test_model_scope_compile_equals_eager(name, impl):
+    """The whole forward as one Inductor graph (``--compile-scope model``) against eager."""
     eager = model_for(name, impl).train()
     x, y = batch()
     ref = outputs_and_grads(eager, x, y)
-    compiled = backends.prepare(model_for(name, impl).train(), "compile", "default").model
+    compiled = backends.prepare(model_for(name, impl).train(), "compile", "default", "model").model
     got = outputs_and_grads(compiled, x, y)
     assert backends.graph_breaks() == 0
     torch.testing.assert_close(got[0], ref[0], rtol=1e-4, atol=1e-5)
@@ -173,10 +176,11 @@ def test_cudagraph_train_step_trains():
 @pytest.mark.cuda
 @pytest.mark.compile
 @pytest.mark.parametrize("name,impl", [("prenorm", "naive"), ("haares", "two_phase")])
-def test_reduce_overhead_equals_eager(name, impl):
+@pytest.mark.parametrize("scope", ["layer", "model"])
+def test_reduce_overhead_equals_eager(name, impl, scope):
     x, y = batch("cuda")
     ref = make_step(model_for(name, impl, "cuda"), "fwd", x, y)()
-    prepared = backends.prepare(model_for(name, impl, "cuda"), "compile", "reduce-overhead")
+    prepared = backends.prepare(model_for(name, impl, "cuda"), "compile", "reduce-overhead", scope)
     step = make_step(prepared.model, "fwd", x, y, clone_outputs=prepared.clone_outputs)
     outs = [step() for _ in range(3)]  # kept outputs must survive later replays
     for out in outs:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import types
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -179,6 +181,8 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         self._init_weights(None if init_seed is None else torch.Generator().manual_seed(init_seed))
         self.to(cfg.torch_dtype)
+        #: the layer compile scope's regions (:class:`Regions`), or None: the plain forward
+        self.regions: Regions | None = None
 
     def _init_weights(self, generator: torch.Generator | None = None) -> None:
         # GPT-2 init; the output projections are scaled by 1/sqrt(2L) so the residual stream's
@@ -200,7 +204,11 @@ class Decoder(nn.Module):
     def forward(self, idx: Tensor, pos: Tensor | None = None) -> Tensor:
         """Token ids (B, T) → logits (B, T, V). ``pos`` (T,) int64 decodes the T tokens at those
         positions against the KV cache (:meth:`setup_kv_cache`, filled by a forward without
-        ``pos``); the router mixes depth per token, so it needs no cache of its own."""
+        ``pos``); the router mixes depth per token, so it needs no cache of its own. With
+        :attr:`regions` set (the layer compile scope), the same computation runs region by region
+        (:class:`Regions`)."""
+        if self.regions is not None:
+            return self._forward_regions(idx, pos)
         r = self.router
         e = self.embed(idx)
         with _label("router.init"):
@@ -216,6 +224,91 @@ class Decoder(nn.Module):
         with _label("router.output"):
             h_out = r.output(state)
         return self.lm_head(self.norm(h_out))
+
+    def _forward_regions(self, idx: Tensor, pos: Tensor | None) -> Tensor:
+        r, reg = self.router, self.regions
+        ckpt = self.cfg.grad_checkpoint and self.training and torch.is_grad_enabled()
+        state = r.region_begin(reg.init(r, self.embed, idx))
+        for slot, f in zip(r.slots, self.sublayers):
+            role = region_key(r, slot)
+            state = reg.sublayer(role)(role, r, f, state, r.region_params(state, slot), pos, ckpt)
+        return reg.head(r, self.norm, self.lm_head, state, r.region_output_params())
+
+    @contextlib.contextmanager
+    def without_regions(self):
+        """Run the plain forward inside the block (an evaluation off a compiled run's clock)."""
+        regions, self.regions = self.regions, None
+        try:
+            yield self
+        finally:
+            self.regions = regions
+
+
+# --- regions: the layer compile scope (DESIGN.md, "Backends and modes") ------------------------
+
+def region_key(router: Router, slot) -> tuple:
+    """The role of ``slot``'s region: its sublayer kind and :meth:`Router.region_role`."""
+    return (slot.kind, *router.region_role(slot))
+
+
+def init_region(router: Router, embed: nn.Embedding, idx: Tensor):
+    """Region 1: the embedding and the router's region state."""
+    return router.region_init(embed(idx))
+
+
+def sublayer_region(role: tuple, router: Router, f: nn.Module, state, params: tuple, pos: Tensor | None,
+                    ckpt: bool):
+    """One region per role: the router's read, the sublayer, the router's write."""
+    h = router.region_read(state, role[1:], params)
+    u = checkpoint(f, h, use_reentrant=False) if ckpt else f(h, pos)
+    return router.region_write(state, role[1:], params, u)
+
+
+def head_region(router: Router, norm: nn.Module, lm_head: nn.Module, state, params: tuple) -> Tensor:
+    """The last region: the router's readout, the final RMSNorm and the LM head."""
+    return lm_head(norm(router.region_output(state, params)))
+
+
+def _own_code(fn: Callable, name: str) -> Callable:
+    """``fn`` with a code object of its own: dynamo caches compiled code per code object, so each
+    region compiles once and a recompile of one is its own, never another role's entry."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name) if hasattr(fn.__code__, "co_qualname") \
+        else fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+class Regions:
+    """The regions of a decoder under the layer compile scope: the embedding and the router's
+    state (:func:`init_region`), one region per sublayer role (:func:`sublayer_region`, made on
+    first use), the readout and head (:func:`head_region`). Each is ``compile_fn`` of a function
+    with its own code object; the identity runs them eagerly.
+
+    Args:
+        compile_fn: e.g. ``lambda f: torch.compile(f, fullgraph=True)``.
+    """
+
+    def __init__(self, compile_fn: Callable[[Callable], Callable] = lambda f: f) -> None:
+        self.compile_fn = compile_fn
+        self.init = compile_fn(_own_code(init_region, "init_region"))
+        self.head = compile_fn(_own_code(head_region, "head_region"))
+        self._roles: dict[tuple, Callable] = {}
+
+    def sublayer(self, role: tuple) -> Callable:
+        """The compiled region of ``role``."""
+        if role not in self._roles:
+            self._roles[role] = self.compile_fn(_own_code(sublayer_region, f"sublayer_region_{len(self._roles)}"))
+        return self._roles[role]
+
+    @property
+    def roles(self) -> list[tuple]:
+        """The sublayer roles run so far, in order of first use."""
+        return list(self._roles)
+
+
+def region_count(router: Router) -> int:
+    """Regions the layer scope compiles for ``router``: one per distinct sublayer role
+    (:func:`region_key` over its slots), plus the init and the head region."""
+    return len({region_key(router, s) for s in router.slots}) + 2
 
 
 def parameter_counts(model: Decoder) -> dict[str, int]:

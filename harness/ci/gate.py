@@ -38,14 +38,14 @@ import pandas as pd
 
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI, bootstrap_ratio_of_ratios
 from harness.timing import noise
-from reports.frame import load_manifests
+from reports.frame import backend_text, load_manifests
 from reports.paired import paired_ratio_table, paired_rows, paired_vs_eager_table, pairs_by_variant
 from routers.errors import ConfigError
 
 from .rules import Rule
 
 #: What must match for a case of this run and one of the baseline to be the same case.
-GROWTH_KEYS = ("backend", "compile_mode", "mode", "workload", "d_model", "n_layers", "n_heads",
+GROWTH_KEYS = ("backend", "compile_mode", "compile_scope", "mode", "workload", "d_model", "n_layers", "n_heads",
                "seq_len", "batch_size", "dtype", "seed", "router", "options", "impl")
 
 
@@ -87,11 +87,11 @@ def device_of(dirs: list[Path], df: pd.DataFrame, what: str) -> tuple[str, str]:
 
 
 def case_label(r, with_run: bool = False) -> str:
-    """``router [impl] (options) · backend[:compile_mode] · mode · d64 L4 T128 B8`` (plus the
+    """``router [impl] (options) · backend[:compile_mode:compile_scope] · mode · d64 L4 T128 B8`` (plus the
     workload and dtype when not the defaults, and the run id when several runs are gated)."""
     parts = [f"{r['router']}" + (f" [{r['impl']}]" if r.get("impl") else "")
              + (f" ({r['options']})" if r.get("options") else ""),
-             r["backend"] + (f":{r['compile_mode']}" if r.get("compile_mode") else ""), r["mode"]]
+             backend_text(r), r["mode"]]
     if r.get("workload") not in (None, "", "decoder"):
         parts.append(r["workload"])
     parts.append(" ".join(f"{k}{int(r[c])}" for c, k in (("d_model", "d"), ("n_layers", "L"),
@@ -148,7 +148,7 @@ MACHINE_READINGS = ("cpu_util", "cpu_pressure")
 
 
 #: Columns that place a check's rows among the records (those the check's table row has).
-_PLACE = ("run_id", "session", "backend", "compile_mode", "mode", "workload", "d_model", "n_layers",
+_PLACE = ("run_id", "session", "backend", "compile_mode", "compile_scope", "mode", "workload", "d_model", "n_layers",
           "n_heads", "seq_len", "batch_size", "dtype", "seed", "router", "options", "impl")
 
 

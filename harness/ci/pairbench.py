@@ -176,6 +176,7 @@ class PairBench:
         return {
             "routerbench": EXTRA_SCHEMA, "kind": self.pair.kind, "case_key": b.key, "baseline_key": a.key,
             "router": b.router, "impl": b.impl, "backend": b.backend, "compile_mode": b.compile_mode,
+            "compile_scope": b.compile_scope,
             "mode": b.mode, **cfg.shape_columns(),
             "a_label": BASELINE if self.pair.kind == "vs_prenorm" else "eager",
             "a_ms": med[a.key], "b_ms": med[b.key],

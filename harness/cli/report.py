@@ -118,7 +118,8 @@ def summary_cmd(results) -> None:
         return
     t.loc[t.backend == "eager", "vs_eager"] = float("nan")  # eager against itself is 1.00 always: "–"
     t = t.assign(shape=t.apply(lambda r: f"d{r.d_model} L{r.n_layers} T{r.seq_len} B{r.batch_size}", axis=1),
-                 backend=t.backend + t.compile_mode.map(lambda m: f"[{m}]" if m else ""))
+                 backend=t.backend + t.compile_mode.map(lambda m: f"[{m}]" if m else "")
+                 + t.compile_scope.map(lambda m: f"[{m}]" if m else ""))
     cols = ["shape", "mode", "backend", "router", "impl", "median_ms", "overhead_pct", "vs_eager", "setup_s"]
     click.echo(t[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="–"))
 

@@ -7,8 +7,9 @@ instead of patching the code under test::
     ROUTERBENCH_FAULT="oom:haares|*;crash:wav_v1|*|two_phase|*;hang:rezero|*"
 
 Each entry is ``KIND:GLOB``; ``GLOB`` is a shell-style pattern (:mod:`fnmatch`) over a case key
-(``router|options|impl|backend|compile_mode|mode|workload|vocab|d_model|n_layers|n_heads|mlp|
-seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists them). Kinds:
+(``router|options|impl|backend|compile_mode|compile_scope|mode|workload|vocab|d_model|n_layers|
+n_heads|mlp|seq_len|batch_size|dtype|grad_checkpoint|seed``, as ``routerbench status`` lists
+them). Kinds:
 
 - ``oom``: the case's set-up raises ``torch.cuda.OutOfMemoryError`` (an ``oom`` row);
 - ``crash``: the process running the case dies by ``SIGSEGV`` (under ``--isolate`` the child dies

@@ -15,8 +15,9 @@ A run directory ``results/<device-slug>/<run-id>/`` holds
   and start time;
 - ``manifest.json`` and ``spec.toml``: the environment and the resolved run spec.
 
-Schema versions: 2 (this one: ``schema`` column, end markers); 1 (no markers, a ``done.jsonl`` of
-finished cases) is still read, never extended. This module is the format and its reader; the writer
+Schema versions: 3 (this one: the ``compile_scope`` column, in case keys too); 2 (``schema``
+column, end markers; its compiled rows read as ``compile_scope`` ``model``, the only scope then);
+1 (no markers, a ``done.jsonl`` of finished cases). Schemas 1 and 2 are read, never extended. This module is the format and its reader; the writer
 is :mod:`harness.rundir`.
 
 Reading (:func:`scan_records`): any end marker ends a unit, and the parseable rows since the previous
@@ -40,12 +41,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 #: Version of the row and marker format written by this module.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Column order of every row. ``router_options`` is a JSON string; shape columns are flat.
 COLUMNS: tuple[str, ...] = (
     "schema", "run_id", "session", "resume_unit", "case_key", "router", "router_options", "impl", "backend",
-    "compile_mode", "mode", "workload", "d_model", "n_layers", "n_heads", "seq_len", "batch_size",
+    "compile_mode", "compile_scope", "mode", "workload", "d_model", "n_layers", "n_heads", "seq_len", "batch_size",
     "dtype", "device", "seed", "repeat", "pair", "attempt", "metric", "value", "unit", "status", "error",
 )
 #: ``unit`` is the unit of measure (``ms``, ``bytes``); ``resume_unit`` names the unit of resume
@@ -254,11 +255,29 @@ def end_of_last_unit(path: Path) -> int:
 
 
 def is_schema2(path: Path) -> bool:
-    """Whether the first JSON object of ``path`` is of schema 2 (an empty file is)."""
+    """Whether the first JSON object of ``path`` is of schema 2 or later (units and end markers;
+    an empty file is)."""
     for _, _, obj in _lines(path):
         if obj is not None:
             return "schema" in obj or END in obj
     return True
+
+
+def schema_of(path: Path) -> int:
+    """The schema of the first JSON object of ``path`` (1 without a ``schema`` field or marker;
+    this version's for an empty or missing file)."""
+    for _, _, obj in _lines(path) if Path(path).exists() else ():
+        if obj is not None:
+            return int(obj.get("schema") or (2 if END in obj else 1))
+    return SCHEMA_VERSION
+
+
+def upgraded(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of an older schema with this schema's columns: ``compile_scope`` is ``model`` for a
+    compiled row of schema 2 or 1 (the only scope then), empty otherwise."""
+    if "compile_scope" not in row:
+        row["compile_scope"] = "model" if row.get("backend") == "compile" else None
+    return row
 
 
 def completed_cases(run_dir: Path) -> dict[str, str]:
@@ -298,10 +317,10 @@ def load_rows(run_dirs: Iterable[Path], finished_only: bool = True,
         units_, probs = scan_records(path)
         found.extend(probs)
         if path.exists() and not is_schema2(path):
-            out.extend(_legacy_rows(Path(d), finished_only))
+            out.extend(upgraded(r) for r in _legacy_rows(Path(d), finished_only))
             continue
         for _, rows in units_:
-            out.extend(rows)
+            out.extend(upgraded(r) for r in rows)
     found = list(dict.fromkeys(found))  # a directory given twice: its problems once
     for p in found:
         warnings.warn(p, RecordsWarning, stacklevel=2)

@@ -25,7 +25,7 @@ from routers.errors import ConfigError
 from . import faults
 from .lock import make_run_dir, take_lock
 from .records import (ABORTED_DIR, END, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE, SCHEMA_VERSION,
-                      aborted_summary, completed_cases, end_of_last_unit, is_schema2, json_default, make_row)
+                      aborted_summary, completed_cases, end_of_last_unit, json_default, make_row, schema_of)
 
 __all__ = ["DiskFullError", "MemoryWriter", "NullRunWriter", "RunWriter", "StagingWriter", "Unit"]
 
@@ -237,9 +237,10 @@ class RunWriter:
         self._n_units = 0
         self.resumed = self.records.exists()
         make_run_dir(self.run_dir, out_option)
-        if self.resumed and not is_schema2(self.records):
-            raise ConfigError(f"--run-id {run_id}: {self.run_dir} holds records of schema 1 (an older "
-                              "routerbench); they can be reported but not extended: choose another --run-id")
+        if self.resumed and schema_of(self.records) < SCHEMA_VERSION:
+            raise ConfigError(f"--run-id {run_id}: {self.run_dir} holds records of schema "
+                              f"{schema_of(self.records)} (an older routerbench, whose case keys differ); they "
+                              "can be reported but not extended: choose another --run-id")
         self._lock_fh = take_lock(self.run_dir, run_id)
         self.recovered = self._recover()
         self.completed: dict[str, str] = completed_cases(self.run_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from harness.step.backends import BACKENDS
+from harness.step.backends import BACKENDS, COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
 from harness.step.modes import MODES
 from harness.sweep.cases import Case, expand
 from harness.sweep.options import SweepOptions
@@ -35,6 +35,10 @@ class Sweep:
                                               choices=tuple(BACKENDS))
     compile_modes: tuple[str, ...] | None = option("strs", "Modes of the compile backend (default: "
                                                    "default).", choices=tuple(m for m in BACKENDS["compile"] if m))
+    compile_scope: tuple[str, ...] | None = option(
+        "strs", "What one compiled graph holds: layer (one region per sublayer role, compiled once and "
+        f"reused at every layer) or model (the whole forward); layer,model times both (default: "
+        f"{DEFAULT_COMPILE_SCOPE}).", choices=COMPILE_SCOPES)
     modes: tuple[str, ...] | None = option("strs", "Modes (default: fwd,fwd_bwd).", choices=MODES)
     smallest_backends: tuple[str, ...] | None = option(
         "strs", "Backends run only at the smallest width and depth; '' for none (default: compile when "
@@ -128,9 +132,10 @@ class RunSpec:
             raise ConfigError(f"{L('shape.grad_checkpoint')} has no effect without a backward pass: add "
                               f"fwd_bwd or train_step to {L('sweep.modes')}")
         uses_compile = "compile" in backends + tuple(smallest)
-        if given(sw, "compile_modes") and not uses_compile:
-            raise ConfigError(f"{L('sweep.compile_modes')} has no effect: neither {L('sweep.backends')} nor "
-                              f"{L('sweep.smallest_backends')} names compile")
+        for name in ("compile_modes", "compile_scope"):
+            if given(sw, name) and not uses_compile:
+                raise ConfigError(f"{L('sweep.' + name)} has no effect: neither {L('sweep.backends')} nor "
+                                  f"{L('sweep.smallest_backends')} names compile")
         if given(sw, "case_timeout") and not sw.isolate:
             raise ConfigError(f"{L('sweep.case_timeout')} needs --isolate (a hang can only be ended in a "
                               "subprocess); add --isolate or drop it")
@@ -165,6 +170,7 @@ class RunSpec:
             sweep=replace(sw, impls=impls, backends=backends, smallest_backends=smallest or None,
                           smallest_modes=smallest_modes, modes=modes,
                           compile_modes=(sw.compile_modes or ("default",)) if uses_compile else None,
+                          compile_scope=(sw.compile_scope or (DEFAULT_COMPILE_SCOPE,)) if uses_compile else None,
                           flops=sw.flops is not False, isolate=isolate,
                           case_timeout=(sw.case_timeout or 900.0) if isolate else None),
             timing=replace(t, repeats=t.repeats or 10, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
@@ -184,7 +190,7 @@ class RunSpec:
         dev = torch.device(self.output.device)
         base = base_shape(s, dev, d_model=min(s.widths), n_layers=min(s.depths))
         common = dict(options=self.routers.router_options or {}, impls=list(sw.impls),
-                      compile_modes=list(sw.compile_modes or ()))
+                      compile_modes=list(sw.compile_modes or ()), compile_scopes=list(sw.compile_scope or ()))
         cases = expand(self.routers.routers, base, s.widths, s.depths, modes=list(sw.modes),
                        backends=list(sw.backends), **common)
         if sw.smallest_backends:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
 from harness.training.config import (PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, check_world_size,
                                      default_eval_every)
 from harness.training.schedule import SCHEDULES
 from routers import ROUTERS, check_router_options
 from routers.errors import ConfigError
 
-from .base import Labels, option
+from .base import Labels, given, option
 from .parts import (NOT_IN_FILE, Output, RouterSet, Single, absolute, base_shape, check_heads, check_output,
                     check_router_set, preset_base, resolve_device, resolved_shape)
 
@@ -53,6 +54,9 @@ class Training:
                                "evaluation cadence).", min=1)
     backend: str | None = option("str", "eager (default), compile, or cudagraph (the whole step "
                                  "captured; CUDA only, a skipped row elsewhere).", choices=TRAIN_BACKENDS)
+    compile_scope: str | None = option("str", "With --backend compile: layer (one region per sublayer "
+                                       "role, compiled once) or model (the whole forward; default: "
+                                       f"{DEFAULT_COMPILE_SCOPE}).", choices=COMPILE_SCOPES)
     precision: str | None = option("str", "fp32 (default), or bf16-mixed: float32 weights and "
                                    "optimizer, bf16 autocast.", choices=PRECISIONS)
     grad_accum: int | None = option("int", "Micro-batches per step; --batch-size is split into them "
@@ -145,6 +149,9 @@ class TrainSpec:
             if len(corpus.val) < base.seq_len + 1:
                 raise ConfigError(f"{L('shape.seq_len')} {base.seq_len}: the validation split of "
                                   f"{tr.data} has only {len(corpus.val)} tokens; lower it")
+        if given(tr, "compile_scope") and tr.backend != "compile":
+            raise ConfigError(f"{L('training.compile_scope')} has no effect without {L('training.backend')} "
+                              "compile; drop it or add --backend compile")
         max_steps = tr.max_steps or 300
         eval_every = tr.eval_every or default_eval_every(max_steps)
         if eval_every > max_steps:
@@ -161,6 +168,8 @@ class TrainSpec:
                              pilot_fraction=None if tr.target_loss is not None else (tr.pilot_fraction or 0.5),
                              schedule=tr.schedule or "auto", chunk=tr.chunk or eval_every,
                              backend=tr.backend or "eager", precision=precision, grad_accum=tr.grad_accum or 1,
+                             compile_scope=(tr.compile_scope or DEFAULT_COMPILE_SCOPE) if tr.backend == "compile"
+                             else None,
                              warmup_steps=20 if tr.warmup_steps is None else tr.warmup_steps),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),
         )
@@ -180,4 +189,5 @@ class TrainSpec:
         return TrainConfig(self.decoder_config(), target_loss=tr.target_loss, max_steps=tr.max_steps,
                            eval_every=tr.eval_every, lr=tr.lr, stop_at_target=tr.stop_at_target,
                            backend=tr.backend, precision=tr.precision, grad_accum=tr.grad_accum,
-                           warmup_steps=20 if tr.warmup_steps is None else tr.warmup_steps)
+                           warmup_steps=20 if tr.warmup_steps is None else tr.warmup_steps,
+                           compile_scope=tr.compile_scope)

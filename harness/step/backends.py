@@ -24,6 +24,13 @@ BACKENDS: dict[str, tuple[str | None, ...]] = {
     "compile": ("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
     "cudagraph": (None,),
 }
+#: What one compiled graph of the ``compile`` backend holds: ``layer``, one region per sublayer
+#: role, each compiled once and called at every slot of its role
+#: (:class:`workloads.decoder.Regions`), so compile time does not grow with depth; ``model``, the
+#: whole forward unrolled into one graph (``torch.compile(model, fullgraph=True)``).
+COMPILE_SCOPES = ("layer", "model")
+#: The scope of ``--compile-scope`` when not given (README, "Compile scopes", gives the measurements).
+DEFAULT_COMPILE_SCOPE = "layer"
 
 
 def unavailable_reason(backend: str, compile_mode: str | None, device: torch.device) -> str | None:
@@ -65,20 +72,72 @@ def one_dynamo_cache() -> Iterator[None]:
         torch._dynamo.reset()
 
 
-def prepare(model: nn.Module, backend: str, compile_mode: str | None) -> Prepared:
+def prepare(model: nn.Module, backend: str, compile_mode: str | None,
+            compile_scope: str | None = DEFAULT_COMPILE_SCOPE) -> Prepared:
     """Wrap ``model`` for ``backend``; compilation itself happens at the first call.
 
+    Under ``compile`` with ``compile_scope="layer"`` the model itself is returned, its forward
+    running regions each compiled with ``fullgraph=True`` and ``compile_mode``
+    (:meth:`workloads.decoder.Decoder` ``.regions``); with ``"model"`` the compiled module.
+
     Raises:
-        ValueError: unknown backend.
+        ValueError: unknown backend or compile scope.
     """
     if backend in ("eager", "cudagraph"):  # cudagraph captures the eager step (harness.step.cudagraph)
         return Prepared(model)
     if backend == "compile":
         if _reset_per_case:
             torch._dynamo.reset()  # no compiled code reused from an earlier case
+        if compile_scope == "layer":
+            from workloads.decoder import Regions
+            model.regions = Regions(lambda f: torch.compile(f, fullgraph=True, mode=compile_mode))
+            return Prepared(model, clone_outputs=compile_mode == "reduce-overhead")
+        if compile_scope not in (None, "model"):
+            raise ValueError(f"--compile-scope: unknown scope {compile_scope!r}; known: {', '.join(COMPILE_SCOPES)}")
         return Prepared(torch.compile(model, fullgraph=True, mode=compile_mode),
                         clone_outputs=compile_mode == "reduce-overhead")
     raise ValueError(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+
+
+#: The counters behind the compile rows of a case (``torch._dynamo.utils.counters``): dynamo's
+#: compiled frames and graphs, Inductor's FX-graph cache and AOTAutograd's cache.
+COUNTERS = {"frames": ("frames", "ok"), "graphs": ("stats", "unique_graphs"),
+            "fxgraph_cache_hit": ("inductor", "fxgraph_cache_hit"),
+            "fxgraph_cache_miss": ("inductor", "fxgraph_cache_miss"),
+            "fxgraph_cache_bypass": ("inductor", "fxgraph_cache_bypass"),
+            "aot_cache_hit": ("aot_autograd", "autograd_cache_hit"),
+            "aot_cache_miss": ("aot_autograd", "autograd_cache_miss")}
+
+
+def compile_counters() -> dict[str, int]:
+    """A snapshot of :data:`COUNTERS`. They are process-wide and only grow (nothing here clears
+    them), so :func:`compile_rows` takes the difference of two snapshots."""
+    from torch._dynamo.utils import counters
+    return {k: int(counters[a][b]) for k, (a, b) in COUNTERS.items()}
+
+
+def compile_rows(before: dict[str, int], after: dict[str, int], regions: int) -> dict[str, int]:
+    """What compiling one case took, from two :func:`compile_counters` snapshots around its
+    compile and warm-up.
+
+    Args:
+        regions: compiled functions the case has (1 under the model scope; its regions under the
+            layer scope), each expected to compile exactly once.
+
+    Returns:
+        ``graphs_fwd`` (dynamo graphs: each is one forward graph Inductor compiled,
+        ``stats.unique_graphs``), ``graphs_bwd`` (Inductor graphs beyond those: the backward of
+        each forward with a backward; ``inductor.fxgraph_cache_{hit,miss,bypass}`` count every
+        Inductor graph), ``recompiles`` (frames compiled beyond one per function,
+        ``frames.ok``), ``fxgraph_cache_hit``, ``fxgraph_cache_miss``, ``aot_cache_hit``,
+        ``aot_cache_miss`` (AOTAutograd's ``autograd_cache_{hit,miss}``).
+    """
+    d = {k: after[k] - before[k] for k in after}
+    inductor = d["fxgraph_cache_hit"] + d["fxgraph_cache_miss"] + d["fxgraph_cache_bypass"]
+    return {"graphs_fwd": d["graphs"], "graphs_bwd": max(0, inductor - d["graphs"]),
+            "recompiles": max(0, d["frames"] - regions), "fxgraph_cache_hit": d["fxgraph_cache_hit"],
+            "fxgraph_cache_miss": d["fxgraph_cache_miss"], "aot_cache_hit": d["aot_cache_hit"],
+            "aot_cache_miss": d["aot_cache_miss"]}
 
 
 def graph_breaks() -> int:

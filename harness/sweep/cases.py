@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from harness.step.backends import BACKENDS
+from harness.step.backends import BACKENDS, COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
 from harness.step.modes import MODES
 from routers import ROUTERS, build_router, router_class, router_options
 from routers.errors import ConfigError
@@ -34,6 +34,9 @@ class Case:
         router_options: options passed to the router (JSON-able values).
         impl: router implementation name.
         seed: seed of the weights and the synthetic batch.
+        compile_scope: what one compiled graph holds under the ``compile`` backend (``"layer"``:
+            one region per sublayer role; ``"model"``: the whole forward), else None
+            (:data:`harness.step.backends.COMPILE_SCOPES`).
     """
 
     router: str
@@ -44,6 +47,7 @@ class Case:
     router_options: tuple[tuple[str, Any], ...] = field(default=())
     impl: str = "naive"
     seed: int = 0
+    compile_scope: str | None = None
 
     @property
     def options(self) -> dict[str, Any]:
@@ -55,8 +59,8 @@ class Case:
         c = self.cfg
         return "|".join(str(x) for x in (
             self.router, json.dumps(self.options, sort_keys=True), self.impl, self.backend,
-            self.compile_mode, self.mode, c.workload, c.vocab_size, c.d_model, c.n_layers,
-            c.n_heads, c.mlp, c.seq_len, c.batch_size, c.dtype, c.grad_checkpoint, self.seed))
+            self.compile_mode, self.compile_scope, self.mode, c.workload, c.vocab_size, c.d_model,
+            c.n_layers, c.n_heads, c.mlp, c.seq_len, c.batch_size, c.dtype, c.grad_checkpoint, self.seed))
 
     def router_kwargs(self) -> dict[str, Any]:
         """Keyword options to build the router with (``impl`` included where the router has it)."""
@@ -69,7 +73,7 @@ class Case:
         """The case's columns of a result row."""
         return {"case_key": self.key, "router": self.router, "router_options": self.options,
                 "impl": self.impl, "backend": self.backend, "compile_mode": self.compile_mode,
-                "mode": self.mode, "seed": self.seed, **self.cfg.shape_columns()}
+                "compile_scope": self.compile_scope, "mode": self.mode, "seed": self.seed, **self.cfg.shape_columns()}
 
 
 def split_impl(router: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -91,7 +95,7 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
            modes: Iterable[str], backends: Iterable[str] = ("eager",),
            options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
            impls: Iterable[str] | None = None, compile_modes: Iterable[str] | None = None,
-           overrides: dict[str, Any] | None = None) -> list[Case]:
+           overrides: dict[str, Any] | None = None, compile_scopes: Iterable[str] | None = None) -> list[Case]:
     """The cross product of a sweep, validated (see :func:`validate`).
 
     Args:
@@ -99,6 +103,8 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
         impls: implementations to sweep; each router runs those it offers (a router offering
             none of them runs its default). None: each router's impl from ``options`` or default.
         compile_modes: modes of the ``compile`` backend (default: ``"default"`` only).
+        compile_scopes: scopes of the ``compile`` backend (default:
+            :data:`harness.step.backends.DEFAULT_COMPILE_SCOPE` only).
         overrides: other :class:`DecoderConfig` fields set with each width and depth (e.g.
             ``n_heads``), validated together with them.
     """
@@ -110,6 +116,9 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
     for cm in compile_modes or ():
         if cm not in BACKENDS["compile"]:
             raise ConfigError(f"--compile-modes: unknown mode {cm!r}; known: {', '.join(BACKENDS['compile'])}")
+    for sc in compile_scopes or ():
+        if sc not in COMPILE_SCOPES:
+            raise ConfigError(f"--compile-scope: unknown scope {sc!r}; known: {', '.join(COMPILE_SCOPES)}")
     cases = []
     for d, L, backend, mode, r in itertools.product(widths, depths, backends, modes, routers):
         impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else ("naive", {})
@@ -122,9 +131,10 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
             heads = (overrides or {}).get("n_heads", base.n_heads)
             raise ConfigError(f"--widths {d} / --depths {L} with {heads} heads: {exc}") from None
         cms = (compile_modes or BACKENDS["compile"][:1]) if backend == "compile" else (None,)
-        for cm in cms:
+        scopes = (compile_scopes or (DEFAULT_COMPILE_SCOPE,)) if backend == "compile" else (None,)
+        for cm, sc in itertools.product(cms, scopes):
             for i in chosen:
-                cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(opts.items())), i, seed))
+                cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(opts.items())), i, seed, sc))
     validate(cases, options)
     return cases
 

@@ -59,6 +59,9 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     from routers import impls
     if case.router not in impls.BLOCK_ROUTERS or case.impl in ("naive", "two_phase"):
         return None
+    if case.compile_scope == "layer":
+        return (f"impl {case.impl} is a peer kernel, which has no region form: it runs under "
+                "--compile-scope model")
     impl = impls.get(case.impl, case.router)
     why = impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)
     if why is None and device.type == "cpu" and impl.interpretable and case.backend != "eager":
@@ -123,7 +126,8 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
             saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
             w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
         decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
-        prepared = backends.prepare(model, case.backend, case.compile_mode)
+        counted = backends.compile_counters() if case.backend == "compile" else None
+        prepared = backends.prepare(model, case.backend, case.compile_mode, case.compile_scope)
         step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs,
                          decode_input=decode_input)
         if case.backend == "compile":
@@ -137,6 +141,10 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
                 w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
         step = faults.maybe_slow(case.key, step)
         warm_up(step, device, opts.timing)
+        if counted is not None:  # the compile's graphs and caches, its warm-up's recompiles included
+            regions = len(model.regions.roles) + 2 if model.regions is not None else 1
+            for metric, value in backends.compile_rows(counted, backends.compile_counters(), regions).items():
+                w.write(**cols, metric=metric, value=value, unit="count")
         return Setup("ok", step)
     except torch.cuda.OutOfMemoryError as exc:
         why = str(exc).splitlines()[0]
@@ -170,24 +178,31 @@ class NetOfResident:
 
 
 @contextlib.contextmanager
-def compile_group(backend: str, n: int) -> Iterator[None]:
-    """Let the compiled models of one group live side by side.
+def compile_group(cases: list[Case]) -> Iterator[None]:
+    """Let the compiled models of one group live side by side, and make a fall-back to eager an
+    error.
 
     ``backends.prepare`` resets dynamo per case, which would drop the earlier cases' compiled
     code (and recompile it, in the timed region or at the recompile limit, silently eager). Here
-    dynamo is reset once before and once after the group (``backends.one_dynamo_cache``), the
-    recompile limit fits the group (all models share ``Decoder.forward``'s code object, one cache
-    entry each; guards keep them apart), and automatic dynamic shapes are off so a later model's
-    parameter shapes cannot turn an earlier graph dynamic. The recompile guard still turns any
-    compile during timing into an error.
+    dynamo is reset once before and once after the group (``backends.one_dynamo_cache``); the
+    recompile limit fits the group's model-scope cases (all share ``Decoder.forward``'s code
+    object, one cache entry each; guards keep them apart), and is 1 when every compiled case is
+    of the layer scope (each region has a code object of its own and compiles once:
+    :class:`workloads.decoder.Regions`); ``fail_on_recompile_limit_hit`` turns a region or model
+    that would run eager past the limit into an error (an ``error`` row); automatic dynamic shapes
+    are off so a later model's parameter shapes cannot turn an earlier graph dynamic. The
+    recompile guard still turns any compile during timing into an error.
     """
-    if backend != "compile":
+    compiled = [c for c in cases if c.backend == "compile"]
+    if not compiled:
         yield
         return
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # < 2.6
-    limit = max(getattr(cfg, name), n + 8)
-    with backends.one_dynamo_cache(), cfg.patch(**{name: limit}, automatic_dynamic_shapes=False):
+    n_model = sum(c.compile_scope != "layer" for c in compiled)
+    limit = max(getattr(cfg, name), n_model + 8) if n_model else 1
+    with backends.one_dynamo_cache(), cfg.patch(**{name: limit}, automatic_dynamic_shapes=False,
+                                                fail_on_recompile_limit_hit=True):
         yield
 
 
@@ -227,8 +242,7 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
     cases = [c for c, _ in todo]
     group = PreparedGroup()
     try:
-        with compile_group("compile" if any(c.backend == "compile" for c in cases) else cases[0].backend,
-                           len(cases)):
+        with compile_group(cases):
             for case, first in todo:
                 beat(case.key, 1)
                 cw = NetOfResident(w, device) if group.steps and device.type == "cuda" else w

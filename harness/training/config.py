@@ -63,6 +63,8 @@ class TrainConfig:
         untimed_warmup: steps run before the clock starts, then undone.
         stop_at_target: end the run at the first evaluation at or below the target.
         backend: ``eager``, ``compile`` or ``cudagraph`` (the whole training step captured).
+        compile_scope: under ``compile``, ``layer`` (one region per sublayer role) or ``model``
+            (:data:`harness.step.backends.COMPILE_SCOPES`); None otherwise.
         precision: ``fp32``, or ``bf16-mixed`` (float32 weights and optimizer, bf16 autocast).
         grad_accum: micro-batches per step; ``batch_size`` must be divisible by it.
         divergence_margin: nats above ln(vocab) that count as diverged.
@@ -86,6 +88,7 @@ class TrainConfig:
     precision: str = "fp32"
     grad_accum: int = 1
     divergence_margin: float = DIVERGENCE_MARGIN
+    compile_scope: str | None = None
 
     def __post_init__(self) -> None:
         if self.target_loss is not None and not (self.target_loss > 0 and math.isfinite(self.target_loss)):
@@ -101,6 +104,11 @@ class TrainConfig:
             raise ConfigError(f"--backend {self.backend}: one of {', '.join(TRAIN_BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision}: one of {', '.join(PRECISIONS)}")
+        if self.backend == "compile" and self.compile_scope is None:
+            object.__setattr__(self, "compile_scope", backends.DEFAULT_COMPILE_SCOPE)
+        if self.compile_scope not in ((None,) if self.backend != "compile" else backends.COMPILE_SCOPES):
+            raise ConfigError(f"--compile-scope {self.compile_scope}: one of {', '.join(backends.COMPILE_SCOPES)}, "
+                              "with --backend compile only")
         if self.cfg.batch_size % self.grad_accum:
             raise ConfigError(f"--grad-accum {self.grad_accum} does not divide --batch-size "
                               f"{self.cfg.batch_size}; change one of them")

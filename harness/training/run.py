@@ -63,7 +63,7 @@ from harness.step.modes import lm_loss
 from harness.timing.timer import synchronize
 from workloads.batches import fixed_val_batches, random_batches
 from workloads.data import CharCorpus
-from workloads.decoder import Decoder, decay_groups
+from workloads.decoder import Decoder, Regions, decay_groups
 
 from . import checkpoint as checkpoint_
 from . import distributed
@@ -90,7 +90,7 @@ def evaluate(model: Decoder, batches: list, device: torch.device, precision: str
     under DDP this rank's slices of them, :meth:`TrainRun._evaluate` averages over ranks)."""
     model.eval()
     total = torch.zeros((), device=device)
-    with _autocast(device, precision):
+    with _autocast(device, precision), model.without_regions():
         for x, y in batches:
             total += lm_loss(model(x.to(device)), y.to(device))
     model.train()
@@ -172,7 +172,11 @@ class TrainRun(RunRows):
         torch.manual_seed(self.seed)
         self.model = Decoder(self.cfg, self.router, self.options, init_seed=self.seed).to(dev)
         self.model.train()
-        compiled = torch.compile(self.model, fullgraph=True) if tc.backend == "compile" else self.model
+        compiled = self.model
+        if tc.backend == "compile" and tc.compile_scope == "layer":  # regions (workloads.decoder)
+            self.model.regions = Regions(lambda f: torch.compile(f, fullgraph=True))
+        elif tc.backend == "compile":
+            compiled = torch.compile(self.model, fullgraph=True)
         self.ddp = None
         if self.world_size > 1:
             # DDP around the compiled module (dynamo cannot trace DDP's own forward in one graph);
