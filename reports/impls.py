@@ -79,8 +79,10 @@ def impl_figure(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     t = t[t["median_ms"].notna()]
     if t.empty:
         return None
-    t = t.assign(case=t["router"] + " · " + t["backend"] + " · " + t["mode"] + " · " + t["workload"]
+    t = t.assign(case=t["router"] + " · " + t.apply(frame.backend_text, axis=1) + " · " + t["mode"] + " · " + t["workload"]
                  + " d" + t["d_model"].astype(str) + " L" + t["n_layers"].astype(str))
+    if t["run_id"].nunique() > 1:  # one bar per case and impl: the same case of two runs apart
+        t["case"] = t["run_id"].astype(str) + " · " + t["case"]
     out = Path(out_dir) / "impls.png"
     t.to_csv(out.with_suffix(".csv"), index=False)
     cases = list(dict.fromkeys(t["case"]))

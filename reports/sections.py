@@ -174,7 +174,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                     "cache hits and misses (a cold compile misses every one).")]
         backends.blocks += table_blocks(comp_t, "", drop=("variant",), split=("run_id", "mode"))
     backends.blocks.append(_figure_block(figs.get("compile_time_vs_depth"), "compile_time_vs_depth",
-                                         "Compile time vs depth: layer scope solid, model scope dashed"))
+                                         "Compile time vs depth: layer scope solid, model scope dashed; hollow markers hit Inductor's cache"))
     models = Section("Router cost models", [(
         "text", "Per router and shape: analytic forward FLOP per token (naive reference, "
                 f"{tables.FLOP_CONVENTION}); residual-stream traffic per token and sublayer in "

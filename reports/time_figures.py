@@ -209,42 +209,52 @@ SCOPE_LINES = {"layer": "-", "model": "--"}
 
 def compile_time_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     """Compile time against n_layers, one line per router, impl and compile scope (the scope by
-    line style, the router by hue, the impl by marker): the cost the layer scope keeps flat. One
-    panel per run, mode, compile mode and workload, at the widest width that ran compiled.
+    line style, the router by hue, the impl by marker): the cost the layer scope keeps flat. The
+    runs of the frame are drawn together (a cold compile per depth is a run of its own, each with
+    a fresh ``TORCHINDUCTOR_CACHE_DIR``; the median where a point ran more than once); a hollow
+    marker is a compile that hit Inductor's FX-graph cache (``fxgraph_cache_hit`` > 0: not cold).
+    One panel per mode, compile mode and workload, at the widest width that ran compiled.
 
     Returns:
         ``<out_dir>/compile_time_vs_depth.png`` with ``compile_time_vs_depth.csv`` (the
-        ``compile_time`` rows drawn, seconds), or ``None`` without compile times at two or more
-        depths.
+        ``compile_time`` rows drawn, seconds, and ``warm``), or ``None`` without compile times
+        at two or more depths.
     """
     t = frame.ok_rows(frame.cost_rows(df), "compile_time")
     t = t[t["backend"] == "compile"]
     if t.empty:
         return None
-    keys = ["run_id", "mode", "compile_mode", "workload", "router", "options", "impl", "compile_scope"]
-    t = (t.groupby([*keys, "d_model", "n_layers"], dropna=False)["value"].median()
-         .rename("compile_s").reset_index())
+    hits = df[(df["metric"] == "fxgraph_cache_hit") & (df["status"] == "ok")].groupby("case_key")["value"].max()
+    t = t.assign(warm=t["case_key"].map(hits).fillna(0) > 0)
+    keys = ["mode", "compile_mode", "workload", "router", "options", "impl", "compile_scope"]
+    t = (t.groupby([*keys, "d_model", "n_layers"], dropna=False)
+         .agg(compile_s=("value", "median"), warm=("warm", "any")).reset_index())
     t = pl.largest(t, keys, "n_layers", "d_model")
     if t.empty:
         return None
-    t["panel"] = pl.panel_label(t.assign(backend="compile"), ["run_id", "workload"])
+    t["panel"] = pl.panel_label(t.assign(backend="compile"), ["workload"])
     palette = pl.family_palette(t)
     fig, axes = pl.panel_grid(t["panel"].nunique())
     for ax, (panel, g) in zip(axes, t.groupby("panel", sort=False)):
         for (fam, impl, scope), line in g.assign(family=pl.family(g)).groupby(["family", "impl", "compile_scope"]):
             line = line.sort_values("n_layers")
-            ax.plot(line["n_layers"], line["compile_s"], color=palette.get(fam), linestyle=SCOPE_LINES.get(scope, ":"),
-                    marker=pl.IMPL_MARKERS.get(impl, "o"), label=f"{fam} [{impl}] {scope}")
+            color, marker = palette.get(fam), pl.IMPL_MARKERS.get(impl, "o")
+            ax.plot(line["n_layers"], line["compile_s"], color=color, linestyle=SCOPE_LINES.get(scope, ":"),
+                    marker=marker, label=f"{fam} [{impl}] {scope}")
+            warm = line[line["warm"]]
+            ax.scatter(warm["n_layers"], warm["compile_s"], marker=marker, s=40, facecolors="white",
+                       edgecolors=color, zorder=3)
         pl.x_ticks(ax, g["n_layers"], log2=False)
         ax.set_xlabel("n_layers (decoder blocks)")
         ax.set_ylabel("compile time (s; first call, compile included)")
         ax.set_title(panel, fontsize=9)
     pl.figure_legend(fig, axes)
     pl.suptitle(fig, f"Compile time vs depth by compile scope — {pl.device_title(df)}",
-                f"d={pl.fixed_text(t, 'd_model')}; layer scope solid, model scope dashed")
+                f"d={pl.fixed_text(t, 'd_model')}; layer scope solid, model scope dashed; "
+                "hollow: the compile hit Inductor's cache")
     fig.tight_layout()
     return pl.save_with_data(fig, out_dir, "compile_time_vs_depth",
-                             t[["panel", *keys, "d_model", "n_layers", "compile_s"]])
+                             t[["panel", *keys, "d_model", "n_layers", "compile_s", "warm"]])
 
 
 #: Figure functions of this module in report order.

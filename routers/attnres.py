@@ -194,10 +194,8 @@ class BlockAttnRes(block_regions.BlockRegions, Router):
         block that sees partial detail j (``_partial_kinds``), or by a readout with
         ``readout_details``. Dead work is dropped by tracing and not counted (docs/FLOPS.md).
         """
-        if slot.block < self.n_blocks or self.readout_details:
-            return True
-        return any(j in self._partial_kinds(s) for s in self.slots
-                   if s.block == slot.block and s.pos > slot.pos)
+        return slot.block < self.n_blocks or self.readout_details or any(
+            j in self._partial_kinds(s) for s in self.slots if s.block == slot.block and s.pos > slot.pos)
 
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Forward FLOP of the ``naive`` implementation over B·T tokens (docs/FLOPS.md).
@@ -279,12 +277,9 @@ class BlockAttnRes(block_regions.BlockRegions, Router):
                 counts.append((1 + pool + m, (1 + pool + 2 * m) if two else 0))
             else:
                 pool = (slot.block - 1) * (1 + K)
-                if slot.pos >= 1:
-                    running = 1 + K                           # P + u and each D ± u: new tensors
-                elif padded:                                  # P = u; each c·u is new
-                    running = 1 + K
-                else:                                         # P = u; +u aliases it, −u is new
-                    running = 1 + sum(c < 0 for c in self._coefficients(slot))
+                # P + u and each D ± u are new tensors, and each c·u of a padded state at p = 0;
+                # else at p = 0 P = u, +u aliases it and −u is new
+                running = 1 + (K if slot.pos >= 1 or padded else sum(c < 0 for c in self._coefficients(slot)))
                 m = slot.block_len if two else 0
                 counts.append((1 + pool + running + m, (1 + pool + 2 * m) if two else 0))
         return [(n + 1, k + 1) for n, k in counts] if padded else counts
@@ -311,15 +306,14 @@ class BlockAttnRes(block_regions.BlockRegions, Router):
         impl = self._cost_impl(impl)
         if layout not in ("tuple", "padded") or (layout == "padded" and impl != "two_phase"):
             raise ValueError(f"layout={layout!r}: 'tuple', or 'padded' for impl two_phase (got impl {impl})")
-        dtype = dtype or torch.float32
-        tokens = batch_size * seq_len
+        dtype, tokens = dtype or torch.float32, batch_size * seq_len
         item = torch.empty((), dtype=dtype).element_size()
         stat_item = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()
         mask = block_regions.capacity(self) * stat_item if layout == "padded" else 0  # valid, (1+N(1+K),)
         return mask + max(n * tokens * self.d_model * item + n_stats * tokens * stat_item
                           for n, n_stats in self._state_counts(impl, layout == "padded"))
 
-    def ideal_io_per_token(self, schedule: int | None = None) -> float:
+    def ideal_io_per_token(self, schedule: int | None = None, layout: str = "tuple") -> float:
         """Ideal I/O per token and sublayer, units of d elements (AttnRes paper, Table 1).
 
         With N blocks over 2L sublayers (S = 2L/N sublayers per block on average) and
@@ -333,14 +327,25 @@ class BlockAttnRes(block_regions.BlockRegions, Router):
         Block AttnRes: N/S + 5 (5.5 at 128 sublayers, N = 8, S = 16, the paper's figure);
         haares: 2N/S + 7; wav_v1: 3N/S + 9. The readout is not counted (per-sublayer figure).
 
+        ``layout="padded"`` (the layer scope's pool, :mod:`routers.block_regions`): phase 1 reads
+        e, then at each later block all ``1 + N(1+K)`` slots, masked ones too, so phase 1 moves
+        ``(1 + (N−1)(1 + N(1+K))) / 2L``: more than the completed sources' ``N + (1+K)N(N−1)/2``
+        reads, within the full-pool bound above.
+
         Raises:
-            ValueError: ``schedule`` is given (the block length is the schedule here).
+            ValueError: ``schedule`` is given (the block length is the schedule here), or an
+                unknown ``layout``.
         """
         if schedule is not None:
             raise ValueError(f"{self.name}: the two-phase schedule is the block layout "
                              "(n_blocks); pass schedule=None")
         n_bases = 1 + len(self.detail_kinds)                  # C_b and its detail sources
-        phase1 = n_bases * self.n_blocks * self.n_blocks / len(self.slots)   # (1+K)·N/S
+        if layout == "padded":
+            phase1 = (1 + (self.n_blocks - 1) * block_regions.capacity(self)) / len(self.slots)
+        elif layout == "tuple":
+            phase1 = n_bases * self.n_blocks * self.n_blocks / len(self.slots)   # (1+K)·N/S
+        else:
+            raise ValueError(f"layout={layout!r}: 'tuple' or 'padded'")
         phase2 = 3 + 2 * n_bases                              # u, o, h; P, D read and written
         return phase1 + phase2
 

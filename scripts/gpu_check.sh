@@ -43,9 +43,9 @@ common=(--routers prenorm,rezero,layerscale,full_attnres,block_attnres,haares,wa
 echo "== sweep: eager and cudagraph x fwd_bwd, train_step"
 timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-check-graph \
   --backends eager,cudagraph --modes fwd_bwd,train_step
-echo "== sweep: compile (default mode) x fwd_bwd"
-timeout 200 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-check-compile \
-  --backends compile --modes fwd_bwd
+echo "== sweep: compile (default mode) x fwd_bwd, layer and model scope in one paired group"
+timeout 240 "$PY" -m harness.cli run "${shape[@]}" "${common[@]}" --run-id gpu-check-compile \
+  --backends compile --compile-scope layer,model --modes fwd_bwd
 
 # Implementations of block_attnres at one shape, bf16, fwd_bwd (at most ~3 minutes): every impl
 # available here eager (naive, two_phase and each peer kernel, each checked against naive before it

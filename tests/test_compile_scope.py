@@ -159,6 +159,16 @@ def test_live_state_of_the_padded_layout_is_what_it_holds():
         r.live_state_bytes(B, T, impl="naive", layout="padded")
 
 
+def test_ideal_io_of_the_padded_layout_counts_the_masked_reads():
+    """haares, N=2 over 4 layers (K=1, pool of 1 + 2·2 = 5): phase 1 reads e, then all 5 slots
+    (the tuple layout's bound: 2·2·2); phase 2 moves 3 + 2·2 per sublayer; 8 sublayers."""
+    r = build_router("haares", 8, 4, n_blocks=2, impl="two_phase")
+    assert r.ideal_io_per_token(layout="padded") == (1 + 5) / 8 + 7
+    assert r.ideal_io_per_token() == 8 / 8 + 7
+    with pytest.raises(ValueError, match="layout"):
+        r.ideal_io_per_token(layout="stacked")
+
+
 def test_a_peer_kernel_is_skipped_under_the_layer_scope():
     case = Case("block_attnres", DecoderConfig(d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2),
                 "fwd", "compile", "default", (), "fla", 0, "layer")

@@ -17,7 +17,8 @@ from routers.mixer import depth_mix
 from workloads.config import DecoderConfig
 
 TINY = DecoderConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=2)
-QUICK = SweepOptions(timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=3))
+QUICK = SweepOptions(timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=3),
+                      max_attempts=1)  # a busy machine must not re-time the group: rows are counted
 CPU = torch.device("cpu")
 
 

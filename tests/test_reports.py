@@ -319,3 +319,64 @@ def test_report_when_no_router_reaches_the_target(tmp_path):
     assert t["time_to_target"].tolist() == ["not converged", "not converged"]
     assert t["final_val_loss"].tolist() == [3.0, 3.0]
     assert "not converged" in build_report([tmp_path])["report.md"].read_text()
+
+
+# --- compile scopes ------------------------------------------------------------------------------
+
+def compiled_case(w, router: str, impl: str, scope: str, n_layers: int, times, compile_s: float,
+                  hits: int = 0, run_id: str = "r"):
+    """One compiled fwd_bwd case with paired step times (pair i = round i) and its compile rows."""
+    key = f"{router}-{impl}-compile-{scope}-L{n_layers}-{run_id}"
+    case = dict(case_key=key, router=router, router_options={}, impl=impl, backend="compile",
+                compile_mode="default", compile_scope=scope, mode="fwd_bwd", workload="decoder",
+                d_model=64, n_layers=n_layers, seed=0, **SHAPE)
+    for i, t in enumerate(times):
+        w.write(**case, repeat=i, pair=i, metric="step_time", value=t, unit="ms")
+    w.write(**case, metric="compile_time", value=compile_s, unit="s")
+    for metric, value in (("graphs_fwd", 4 if scope == "layer" else 1), ("recompiles", 0),
+                          ("fxgraph_cache_hit", hits), ("fxgraph_cache_miss", 8 - hits)):
+        w.write(**case, metric=metric, value=value, unit="count")
+
+
+def test_scope_table_compile_table_and_compile_time_vs_depth(tmp_path):
+    """Two scopes of one router in one group: layer/model per round is 0.9 exactly; the
+    compile table keeps each case's counts; the figure draws the three depths of two cold runs
+    and a warm one together, marking the warm compile."""
+    with RunWriter(tmp_path / "a", run_id="a", session="s", base={"device": "cpu"}) as w:
+        with w.unit(["g"]) as u:
+            model = [10.0, 11.0, 12.0, 10.5, 11.5, 10.2]
+            compiled_case(u, "haares", "two_phase", "model", 12, model, 120.0)
+            compiled_case(u, "haares", "two_phase", "layer", 12, [0.9 * t for t in model], 40.0, run_id="a")
+    with RunWriter(tmp_path / "b", run_id="b", session="s", base={"device": "cpu"}) as w:
+        with w.unit(["g"]) as u:
+            compiled_case(u, "haares", "two_phase", "layer", 24, [9.0] * 3, 41.0, run_id="b")
+            compiled_case(u, "haares", "two_phase", "layer", 48, [9.0] * 3, 12.0, hits=6, run_id="b")
+    df = load_frame([tmp_path / "a", tmp_path / "b"])
+    from reports.paired import paired_scope_table
+    from reports.time_figures import compile_time_vs_depth
+    s = row(paired_scope_table(df), router="haares")
+    assert (s["pairs"], s["layer_vs_model"]) == (6, pytest.approx(0.9))
+    assert s["layer_vs_model_lo"] == pytest.approx(0.9) and s["layer_vs_model_hi"] == pytest.approx(0.9)
+    c = tables.compile_table(df)
+    c = c.sort_values(["n_layers", "compile_scope"])
+    assert list(c["compile_time"]) == [40.0, 120.0, 41.0, 12.0] and list(c["graphs_fwd"]) == [4, 1, 4, 4]
+    png = compile_time_vs_depth(df, tmp_path)
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    drawn = __import__("pandas").read_csv(png.with_suffix(".csv"))
+    layer = drawn[drawn["compile_scope"] == "layer"].sort_values("n_layers")
+    assert list(layer["n_layers"]) == [12, 24, 48] and list(layer["warm"]) == [False, False, True]
+    assert list(drawn[drawn["compile_scope"] == "model"]["n_layers"]) == []  # one depth: no line
+
+
+def test_impl_figure_keeps_the_compile_scopes_apart(tmp_path):
+    """Two impls under two scopes (4 cases of one router and shape): four bars, one per case."""
+    from reports.impls import impl_figure
+    with RunWriter(tmp_path, run_id="r", session="s", base={"device": "cpu"}) as w:
+        with w.unit(["g"]) as u:
+            for scope, base in (("layer", 10.0), ("model", 11.0)):
+                compiled_case(u, "haares", "naive", scope, 12, [base * 1.5] * 3, 1.0)
+                compiled_case(u, "haares", "two_phase", scope, 12, [base] * 3, 1.0)
+    png = impl_figure(load_frame([tmp_path]), tmp_path)
+    drawn = __import__("pandas").read_csv(png.with_suffix(".csv"))
+    assert len(drawn) == 4 and drawn["case"].nunique() == 2
+    assert sorted(drawn["vs_fastest"]) == pytest.approx([1.0, 1.0, 1.5, 1.5])
