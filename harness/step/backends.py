@@ -29,8 +29,12 @@ BACKENDS: dict[str, tuple[str | None, ...]] = {
 #: (:class:`workloads.decoder.Regions`), so compile time does not grow with depth; ``model``, the
 #: whole forward unrolled into one graph (``torch.compile(model, fullgraph=True)``).
 COMPILE_SCOPES = ("layer", "model")
-#: The scope of ``--compile-scope`` when not given (README, "Compile scopes", gives the measurements).
-DEFAULT_COMPILE_SCOPE = "layer"
+#: The scope of ``--compile-scope`` when not given: ``model``, whose step times are the ones a cost
+#: comparison trusts (on this project's CPU a layer-scope step was 1.02x a model-scope one for prenorm
+#: but 1.09-1.39x for the block routers, so ``layer`` overstates a router's cost); ``layer`` is the
+#: choice when compiling dominates (deep models, many cases). README, "Compile scopes", gives the
+#: measurements.
+DEFAULT_COMPILE_SCOPE = "model"
 
 
 def unavailable_reason(backend: str, compile_mode: str | None, device: torch.device) -> str | None:
