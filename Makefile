@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test bench golden venv
+.PHONY: run test test-compile bench golden venv
 
 venv:
 	@VENV=$(VENV) bash scripts/setup_env.sh
@@ -14,6 +14,10 @@ run: venv
 ## make test: the test suite (fails when pytest collects no test)
 test: venv
 	$(PY) -m pytest -q $(ARGS)
+
+## make test-compile: the compile tests with the full router x impl matrix (cold: ~9 min on 2 CPU cores)
+test-compile: venv
+	$(PY) -m pytest -q -m compile --compile-matrix $(ARGS)
 
 ## make bench: the pytest-benchmark suite (tests/benchmarks)
 bench: venv

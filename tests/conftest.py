@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import workloads.decoder
+
+#: The full router × impl matrix of the compile tests runs with ``--compile-matrix`` (or
+#: RB_COMPILE_MATRIX=1; ``make test-compile``): cold, it takes about 9 minutes on a 2-core CPU.
+#: Without it, the cases marked ``compile_matrix`` are skipped and each compile test keeps a
+#: representative subset (README, "Tests").
+COMPILE_MATRIX_ENV = "RB_COMPILE_MATRIX"
 
 
 @pytest.fixture
@@ -18,3 +26,15 @@ def no_models(monkeypatch):
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/golden/behaviour.json from this tree (make golden)")
+    parser.addoption("--compile-matrix", action="store_true", default=False,
+                     help="also run the cases marked compile_matrix: every router x impl under "
+                          "torch.compile (make test-compile)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--compile-matrix") or os.environ.get(COMPILE_MATRIX_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason="the full compile matrix: run it with --compile-matrix (make test-compile)")
+    for item in items:
+        if "compile_matrix" in item.keywords:
+            item.add_marker(skip)

@@ -25,7 +25,7 @@ FAST = SweepOptions(flops=False, timing=TimingPolicy(warmup_min_count=2, warmup_
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # every router once, plus the two-phase path of the detail router with the most sources
 VARIANTS = [(n, "naive") for n in sorted(ROUTERS)] + [("wav_v1", "two_phase")]
-# every router × impl (the layer scope's equality: tests/test_compile_scope.py)
+# every router × impl; those beyond VARIANTS run with --compile-matrix (tests/conftest.py)
 ALL_IMPLS = [(n, i) for n in sorted(ROUTERS) for i in ROUTERS[n].impls]
 
 
@@ -52,7 +52,8 @@ def outputs_and_grads(model, x, y):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name,impl", ALL_IMPLS)
+@pytest.mark.parametrize("name,impl", [pytest.param(n, i, marks=() if (n, i) in VARIANTS else pytest.mark.compile_matrix)
+                                       for n, i in ALL_IMPLS])
 def test_model_scope_compile_equals_eager(name, impl):
     """The whole forward as one Inductor graph (``--compile-scope model``) against eager."""
     eager = model_for(name, impl).train()

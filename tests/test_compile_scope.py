@@ -23,6 +23,14 @@ from workloads.decoder import Decoder, Regions, region_count
 CPU = torch.device("cpu")
 BLOCK = ("block_attnres", "haares", "wav_v1")
 VARIANTS = [(n, i) for n in sorted(ROUTERS) for i in ROUTERS[n].impls]
+#: The Inductor cases ``make test`` runs (the rest need ``--compile-matrix``, tests/conftest.py):
+#: the PreNorm path, a two-phase padded pool and a naive tuple of sources with details.
+IN_CI = {("prenorm", "naive"), ("block_attnres", "two_phase"), ("haares", "two_phase"), ("wav_v1", "naive")}
+
+
+def matrix(pairs):
+    """``pairs`` as parameters, those outside :data:`IN_CI` marked ``compile_matrix``."""
+    return [pytest.param(n, i, marks=() if (n, i) in IN_CI else pytest.mark.compile_matrix) for n, i in pairs]
 #: Regions of the layer scope by the slot structure: init and head, plus one per sublayer role.
 #: PreNorm's family reads and writes alike at every slot (attention and MLP: 2 roles); a block
 #: router's two-phase roles are the attention at a block start, an attention and an MLP inside a
@@ -185,7 +193,7 @@ DEPTH_SHAPED = {"naive": 0, "two_phase": 2}
 
 @pytest.mark.compile
 @pytest.mark.slow
-@pytest.mark.parametrize("name,impl", VARIANTS)
+@pytest.mark.parametrize("name,impl", matrix(VARIANTS))
 def test_layer_scope_under_inductor_equals_eager(name, impl):
     """Output and every gradient of the layer-scope step (``backends.prepare``, Inductor) against
     eager, norm-relative 1e-5 (as ``harness/sweep/parity.py`` measures); 4 layers, 2 blocks, so
@@ -215,9 +223,9 @@ def _compiled(name: str, impl: str, L: int) -> dict:
 
 @pytest.mark.compile
 @pytest.mark.slow
-@pytest.mark.parametrize("name,impl", [("prenorm", "naive"), ("rezero", "naive"), ("layerscale", "naive"),
-                                       ("block_attnres", "naive"), ("block_attnres", "two_phase"),
-                                       ("haares", "naive"), ("haares", "two_phase")])
+@pytest.mark.parametrize("name,impl", matrix([("prenorm", "naive"), ("rezero", "naive"), ("layerscale", "naive"),
+                                              ("block_attnres", "naive"), ("block_attnres", "two_phase"),
+                                              ("haares", "naive"), ("haares", "two_phase")]))
 def test_inductor_compiles_each_region_once_at_4_and_at_8_layers(name, impl):
     """The compile rows of a layer-scope case, n_blocks=2: at 4 and at 8 layers (2 and 4 per
     block) Inductor compiled the stated number of forward graphs (``graphs_fwd``, dynamo's

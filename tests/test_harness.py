@@ -97,6 +97,25 @@ def test_saved_activation_bytes_by_hand():
     assert saved_activation_bytes(lambda: lin(x.exp()).sum()) == 128 + 512
 
 
+def test_saved_activation_bytes_frees_what_it_counted():
+    """The saved tensors die with the forward's output, outputs saved by their own node (exp)
+    included: a pack hook that kept the live tensor would close a cycle gc cannot collect, and a
+    sweep held every case's saved graph (pytorch/pytorch#115255)."""
+    import gc
+    import weakref
+    x = torch.randn(4, 8, requires_grad=True)
+    refs = []
+
+    def forward():
+        y = x.exp()  # exp saves its own output
+        refs.append(weakref.ref(y))
+        return (y * 2).sum()
+
+    assert saved_activation_bytes(forward) == 128
+    gc.collect()
+    assert refs[0]() is None
+
+
 def test_gradient_checkpointing_saves_less():
     x = torch.randint(0, 32, (2, 8))
     sizes = {}

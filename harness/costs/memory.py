@@ -50,7 +50,10 @@ def saved_activation_bytes(forward: Callable[[], object], exclude: Iterable[Tens
         if ptr and ptr not in skip and ptr not in seen:
             seen.add(ptr)
             total += storage.nbytes()
-        return t
+        # detached: a live ``t`` that is its node's output would close a cycle through C++
+        # (output -> grad_fn -> saved variable -> output) that gc cannot walk, and with no
+        # backward the whole saved graph would leak (pytorch/pytorch#115255, #189025)
+        return t.detach()
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward()
