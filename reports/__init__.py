@@ -13,8 +13,8 @@ from __future__ import annotations
 
 #: What this package may import (DESIGN.md, "Layers"; checked by tests/test_layers.py): the
 #: records and what counts and trains, never how a sweep runs.
-MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.timing", "harness.costs",
-              "harness.training")
+MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.step", "harness.timing",
+              "harness.costs", "harness.training")
 
 from .count_figures import flops_vs_depth  # noqa: E402
 from .environment import environment_table  # noqa: E402

@@ -7,12 +7,15 @@ activations come from :func:`reports.tables.overhead_table` (a count, not a timi
 impl the row is taken at the largest shape (width, then depth) of the heaviest mode timed
 (``train_step``, else ``fwd_bwd``, else ``fwd``). A ratio whose interval is wider than
 :data:`TOLERANCE` (relative to the ratio) is written "imprecise", never as a number; a ratio from a
-noisy group says so.
+noisy group says so. Where several compile scopes ran, the compiled ratio is the default
+scope's (``model``); the report's "Compile scopes" table compares the two.
 """
 
 from __future__ import annotations
 
 import pandas as pd
+
+from harness.step.backends import DEFAULT_COMPILE_SCOPE
 
 from . import frame, paired, tables
 from .sentences import cost_sentence
@@ -54,6 +57,10 @@ def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
     if pt.empty:
         return pd.DataFrame(columns=COLUMNS)
     pt = pt[pt["mode"].isin(MODES)]
+    if "compile_scope" in pt:  # one compiled figure per row: the default scope's where several ran
+        scopes = pt.loc[pt["backend"] == "compile", "compile_scope"].dropna().unique()
+        keep = DEFAULT_COMPILE_SCOPE if DEFAULT_COMPILE_SCOPE in scopes else (sorted(scopes) or [None])[0]
+        pt = pt[(pt["backend"] != "compile") | (pt["compile_scope"] == keep)]
     eager = _pick(pt[pt["backend"] == "eager"]) if (pt["backend"] == "eager").any() else _pick(pt)
     keys = ["router", "impl", "mode", *frame.SHAPE_COLS]
     out = eager[keys].copy()

@@ -115,6 +115,13 @@ def test_saved_activation_bytes_frees_what_it_counted():
     gc.collect()
     assert refs[0]() is None
 
+    def dead_branch():
+        dead = x.exp()  # saves 128 B, but never reaches the result: freed during the forward
+        del dead
+        return x.sin().sum()  # sin saves its input x: 128 B
+
+    assert saved_activation_bytes(dead_branch) == 128
+
 
 def test_gradient_checkpointing_saves_less():
     x = torch.randint(0, 32, (2, 8))

@@ -380,3 +380,17 @@ def test_impl_figure_keeps_the_compile_scopes_apart(tmp_path):
     drawn = __import__("pandas").read_csv(png.with_suffix(".csv"))
     assert len(drawn) == 4 and drawn["case"].nunique() == 2
     assert sorted(drawn["vs_fastest"]) == pytest.approx([1.0, 1.0, 1.5, 1.5])
+
+
+def test_the_summary_quotes_one_compiled_ratio_per_router_the_default_scope(tmp_path):
+    """prenorm and haares under both scopes in one group: the summary has one haares row, whose
+    compiled ratio is the model scope's (1.2 per round), not the layer scope's (1.5)."""
+    base = [10.0, 11.0, 12.0, 10.5, 11.5, 10.2]
+    with RunWriter(tmp_path / "a", run_id="a", session="s", base={"device": "cpu"}) as w:
+        with w.unit(["g"]) as u:
+            for scope, factor in (("model", 1.2), ("layer", 1.5)):
+                compiled_case(u, "prenorm", "naive", scope, 12, base, 50.0)
+                compiled_case(u, "haares", "two_phase", scope, 12, [factor * t for t in base], 90.0)
+    from reports.summary import cost_summary
+    t = cost_summary(load_frame([tmp_path / "a"]))
+    assert len(t) == 1 and t.iloc[0]["compile_ratio"] == pytest.approx(1.2)

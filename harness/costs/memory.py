@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -30,35 +31,35 @@ from torch import Tensor
 
 
 def saved_activation_bytes(forward: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
-    """Bytes saved for backward by ``forward()`` (which must build an autograd graph).
+    """Bytes saved for backward by ``forward()`` (which must build an autograd graph) and still
+    held by its graph when it returns.
 
     Args:
         forward: runs one forward pass with grad enabled; its result is dropped afterwards.
         exclude: tensors whose storages are not activations (the model's parameters, buffers).
 
     Returns:
-        the sum of ``untyped_storage().nbytes()`` over distinct saved storages, in bytes.
+        the sum of ``untyped_storage().nbytes()`` over the distinct storages the graph of the
+        result still saves, in bytes. A branch that does not reach the result dies during the
+        forward, and what it saved is not counted (its storage may be reused by a later tensor).
     """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: set[int] = set()
-    total = 0
+    packed: list[weakref.ref] = []
 
     def pack(t: Tensor) -> Tensor:
-        nonlocal total
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr and ptr not in skip and ptr not in seen:
-            seen.add(ptr)
-            total += storage.nbytes()
         # detached: a live ``t`` that is its node's output would close a cycle through C++
         # (output -> grad_fn -> saved variable -> output) that gc cannot walk, and with no
         # backward the whole saved graph would leak (pytorch/pytorch#115255, #189025)
-        return t.detach()
+        saved = t.detach()
+        packed.append(weakref.ref(saved))
+        return saved
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward()
-    del out
-    return total
+    alive = [t for t in (r() for r in packed) if t is not None]
+    storages = {s.data_ptr(): s.nbytes() for s in (t.untyped_storage() for t in alive)}
+    del alive, out
+    return sum(n for ptr, n in storages.items() if ptr and ptr not in skip)
 
 
 def model_tensors(model: torch.nn.Module) -> list[Tensor]:

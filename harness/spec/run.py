@@ -135,7 +135,8 @@ class RunSpec:
         for name in ("compile_modes", "compile_scope"):
             if given(sw, name) and not uses_compile:
                 raise ConfigError(f"{L('sweep.' + name)} has no effect: neither {L('sweep.backends')} nor "
-                                  f"{L('sweep.smallest_backends')} names compile")
+                                  f"{L('sweep.smallest_backends')} names compile; drop it or add compile "
+                                  f"to {L('sweep.backends')}")
         if given(sw, "case_timeout") and not sw.isolate:
             raise ConfigError(f"{L('sweep.case_timeout')} needs --isolate (a hang can only be ended in a "
                               "subprocess); add --isolate or drop it")
