@@ -143,8 +143,8 @@ _MEMORY = (("saved_mib", "saved activations / prenorm's (×)"),
 def memory_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     """Saved activations (autograd, eager fwd_bwd) and peak router state as multiples of
     prenorm's at the same shape, against n_layers at the largest d_model: two panels, one line
-    per router and impl (a router keeps one colour; naive solid, two_phase dashed), prenorm the
-    flat line at 1. Eager rows only; both are counts, not timings, so runs are not told apart.
+    per router and impl (a router keeps one colour; naive solid, two_phase dashed, lean
+    dotted), prenorm the flat line at 1. Eager rows only; both are counts, not timings, so runs are not told apart.
 
     Returns:
         ``<out_dir>/memory_vs_depth.png`` with ``memory_vs_depth.csv`` (``quantity``, the router,

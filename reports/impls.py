@@ -72,6 +72,60 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_cases(t)[COLUMNS].reset_index(drop=True)
 
 
+#: impl → the impl it is read against: ``lean``'s backward against the autograd backward of the
+#: same two-phase forward.
+AGAINST = {"lean": "two_phase"}
+VS_COLUMNS = ["run_id", "backend", "compile_mode", "compile_scope", "mode", "workload", *frame.SHAPE_COLS,
+              "router", "options", "impl", "against", "pairs", "vs_ratio", "vs_lo", "vs_hi"]
+COLUMN_STYLE.update({"vs_ratio": ("(impl / prenorm) / (against / prenorm) (×)", "{:.3f}"),
+                     "vs_lo": ("CI low", "{:.3f}"), "vs_hi": ("CI high", "{:.3f}")})
+VS_METHOD = ("An implementation against the one it replaces (lean against two_phase: the same "
+             "forward, a backward that keeps the sources once), both timed in one paired group with "
+             "prenorm: the ratio of their paired ratios to prenorm, median(impl/prenorm) / "
+             "median(against/prenorm), over the rounds both timed, with a 95% bootstrap interval "
+             "that resamples those rounds jointly, since each round timed both "
+             "(harness.stats.bootstrap.bootstrap_ratio_of_ratios, joint). Below 1: the impl is faster.")
+NO_VS_TABLE = ("No implementation was timed beside the one it is read against in a paired group "
+               "(add --impls two_phase,lean with prenorm among --routers).")
+
+
+def _same_rounds(a: dict, b: dict) -> tuple[dict, dict]:
+    """The two sides of :func:`impl_vs_table` on the rounds both timed (their pair numbers)."""
+    ra = a["rows"].groupby("pair")["value"].median()
+    rb = b["rows"].groupby("pair")["value"].median()
+    base = a["base_rows"].groupby("pair")["value"].median()
+    common = ra.index.intersection(rb.index).intersection(base.index).sort_values()
+    return ({"prenorm": base[common].tolist(), "times": ra[common].tolist()},
+            {"prenorm": base[common].tolist(), "times": rb[common].tolist()})
+
+
+def impl_vs_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per paired group (run, session, setting, shape) and router: each impl of :data:`AGAINST`
+    timed beside the impl it is read against, as a ratio of ratios with its bootstrap interval.
+
+    Returns:
+        :data:`VS_COLUMNS`; ``pairs`` is the rounds both timed. Empty when no such pair was timed.
+    """
+    from harness.stats.bootstrap import bootstrap_ratio_of_ratios
+
+    from .paired import pairs_by_variant
+    found: dict[tuple, dict] = {}
+    for p in pairs_by_variant(df):
+        v = p["variant_keys"]
+        found.setdefault((tuple(p["group"].items()), v["router"], v["options"]), {})[v["impl"]] = p
+    rows = []
+    for (group, router, options), by_impl in found.items():
+        for impl, ref in AGAINST.items():
+            if impl in by_impl and ref in by_impl:
+                a, b = _same_rounds(by_impl[impl], by_impl[ref])
+                r, lo, hi = bootstrap_ratio_of_ratios(a["prenorm"], a["times"], b["prenorm"], b["times"], joint=True)
+                rows.append({**dict(group), "router": router, "options": options, "impl": impl,
+                             "against": ref, "pairs": len(a["times"]), "vs_ratio": r, "vs_lo": lo, "vs_hi": hi})
+    if not rows:
+        return pd.DataFrame(columns=VS_COLUMNS)
+    return frame.sort_cases(pd.DataFrame(rows))[VS_COLUMNS].reset_index(drop=True)
+
+
 def impl_figure(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     """Bars of step time / fastest impl per case, the parity error written beside each bar
     (``impls.png`` with its data as ``impls.csv``); None with fewer than two impls of a case."""

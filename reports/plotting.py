@@ -120,10 +120,10 @@ LETTER = dict(SHAPE_TEXT)
 
 
 #: Line style of an implementation: a router's impls share its colour and differ in dashes.
-IMPL_LINES = {"naive": "-", "two_phase": "--"}
+IMPL_LINES = {"naive": "-", "two_phase": "--", "lean": ":"}
 
 
-IMPL_MARKERS = {"naive": "o", "two_phase": "s"}
+IMPL_MARKERS = {"naive": "o", "two_phase": "s", "lean": "D"}
 
 
 #: What a panel of a cost figure never pools: the run (maybe another machine), the setting, the

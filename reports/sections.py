@@ -114,7 +114,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     cost.blocks += [
         _figure_block(figs.get("overhead_vs_width"), "overhead_vs_width",
                       "Paired step-time ratio to prenorm vs width (median of pairs, 95 % bootstrap CI "
-                      "as bars; deepest depth); naive solid, two_phase dashed"),
+                      "as bars; deepest depth); naive solid, two_phase dashed, lean dotted"),
         _figure_block(figs.get("overhead_vs_depth"), "overhead_vs_depth",
                       "Paired step-time ratio to prenorm vs depth (widest width)"),
         _figure_block(figs.get("router_flop_share_vs_width"), "router_flop_share_vs_width",
@@ -206,6 +206,9 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
         impl_sec.blocks.append(_figure_block(figs["impls"], "impls", "Step time / fastest impl of "
                                              "each case; the label is the impl's parity error"))
     impl_sec.blocks += table_blocks(impl_t, impls.NO_TABLE, split=("run_id", "mode", "backend"))
+    vs_t = impls.impl_vs_table(df)
+    if not vs_t.empty:
+        impl_sec.blocks += [("text", impls.VS_METHOD)] + table_blocks(vs_t, impls.NO_VS_TABLE, split=("run_id", "mode"))
     return [cost, pairs, floors, backends, impl_sec, models]
 
 

@@ -104,7 +104,7 @@ def _overhead_vs(df: pd.DataFrame, out_dir: Path | str, x: str, fixed: str, name
     pl.suptitle(fig, f"Step time / prenorm vs {'width' if x == 'd_model' else 'depth'}: paired "
                    f"median, {paired.CONF:.0%} bootstrap CI — {pl.device_title(df)}",
               f"{pl.fixed_text(data, fixed)}, {pl.shape_text(data, skip=(x, fixed))}; naive solid, "
-              "two_phase dashed")
+              "two_phase dashed, lean dotted")
     fig.tight_layout()
     return pl.save_with_data(fig, out_dir, name, data.drop(columns="family"))
 
@@ -113,7 +113,7 @@ def overhead_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     """Paired step-time ratio to prenorm (:func:`reports.paired.paired_ratio_table`) with its
     bootstrap CI as error bars against d_model, at the largest n_layers; one panel per backend
     (and compile mode, mode, run), one line per router and impl: a router keeps one colour, its
-    impls differ in line style (naive solid, two_phase dashed); a dashed line at 1.
+    impls differ in line style (naive solid, two_phase dashed, lean dotted); a dashed line at 1.
 
     Returns:
         ``<out_dir>/overhead_vs_width.png`` with ``overhead_vs_width.csv`` (the paired rows drawn

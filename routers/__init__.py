@@ -26,7 +26,7 @@ from .registry import (  # noqa: E402
     router_options,
 )
 
-_INFRA = {"base", "errors", "registry", "mixer", "two_phase", "impls", "peers"}
+_INFRA = {"base", "errors", "registry", "mixer", "two_phase", "lean", "impls", "peers"}
 for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _INFRA and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")

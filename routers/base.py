@@ -269,7 +269,8 @@ class Router(nn.Module, abc.ABC):
             ValueError: ``impl`` is not in ``self.impls``.
         """
         if impl is None:  # a peer kernel costs what the schedule it runs costs (routers/impls.py)
-            impl = getattr(self, "schedule", None) or getattr(self, "impl", self.impls[0])
+            own = getattr(self, "impl", self.impls[0])
+            impl = own if own in self.impls else getattr(self, "schedule", None) or own
         if impl not in self.impls:
             raise ValueError(f"impl={impl!r} is not an implementation of {self.name}; "
                              f"choose one of {self.impls}")

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import two_phase
+from . import lean, two_phase
 from .base import Slot
 from .mixer import depth_mix, softmax_dtype
 
@@ -46,6 +46,10 @@ class PaddedState(NamedTuple):
         partial, partial_details: P and the raw running details of the current block.
         block_out, block_max, block_sum: phase 1 of the current block, as
             :class:`routers.two_phase.TwoPhaseState`.
+        updates: ``lean`` only (else ()): a register of the block's length − 1, newest first, of the
+            block's sublayer outputs so far, then pads (views of ``zero``), so its length does not
+            depend on the position; ``update_coefs`` (block length − 1, K): each one's detail
+            coefficients (0 for a pad); ``zero``: the zero tensor the pads are views of.
     """
 
     values: tuple[Tensor, ...]
@@ -56,6 +60,9 @@ class PaddedState(NamedTuple):
     block_out: Tensor | None
     block_max: Tensor | None
     block_sum: Tensor | None
+    updates: tuple[Tensor, ...] = ()
+    update_coefs: Tensor | None = None
+    zero: Tensor | None = None
 
 
 def capacity(r) -> int:
@@ -148,7 +155,7 @@ def _kinds_bias(bias_rows: Tensor | None, K: int, n: int) -> Tensor | None:
 
 
 def padded_phase1(values: tuple[Tensor, ...], inv: tuple[Tensor, ...], valid: Tensor, q: Tensor,
-                  bias_rows: Tensor | None, K: int) -> tuple[Tensor, Tensor, Tensor]:
+                  bias_rows: Tensor | None, K: int, lean_: bool = False) -> tuple:
     """:func:`routers.two_phase.phase1` over every pool slot, pads masked by a −inf logit.
 
     Args:
@@ -157,9 +164,14 @@ def padded_phase1(values: tuple[Tensor, ...], inv: tuple[Tensor, ...], valid: Te
         bias_rows: (m, K) their detail-bias rows, or None.
         K: detail kinds per block.
 
+        lean_: through ``lean``'s Function (:func:`routers.lean.mix`; o is then a tuple of m).
+
     Returns:
         o (m, B, T, d), μ (m, B, T), s (m, B, T).
     """
+    if lean_:
+        bias = _kinds_bias(bias_rows, K, len(values))
+        return lean.mix(q, None if bias is None else bias.to(valid.dtype), values, inv, valid)
     V = torch.stack(values)                                            # (n, B, T, d)
     dots = torch.einsum("md,nbtd->mbtn", q, V)
     logits = dots.to(valid.dtype) * torch.stack(inv, dim=-1)
@@ -179,11 +191,12 @@ def padded_init(r, e: Tensor) -> PaddedState:
     """e alone, with phase 1 of block 1 over it (inside the init region; :func:`padded_begin`
     adds the pads)."""
     acc = softmax_dtype(e.dtype)
-    inv_e = two_phase.inv_rms(e)
+    inv_e = two_phase._inv_rms(r, e)
     valid = torch.ones(1, dtype=acc, device=e.device)
     reads = [s.index for s in r.slots if s.block == 1]
     bias_rows = r.detail_bias[reads] if r.detail_kinds else None
-    o, mx, s = padded_phase1((e,), (inv_e,), valid, two_phase.queries(r, reads), bias_rows, len(r.detail_kinds))
+    o, mx, s = padded_phase1((e,), (inv_e,), valid, two_phase.queries(r, reads), bias_rows, len(r.detail_kinds),
+                             r.lean)
     return PaddedState((e,), (inv_e,), valid, None, (), o, mx, s)
 
 
@@ -197,46 +210,59 @@ def padded_begin(r, state: PaddedState) -> PaddedState:
     n = capacity(r) - 1
     return state._replace(values=(e,) + tuple(zero.view(zero.shape) for _ in range(n)),
                           inv_rms=(inv_e,) + tuple(zinv.view(zinv.shape) for _ in range(n)),
-                          valid=torch.cat((state.valid, state.valid.new_zeros(n))))
+                          valid=torch.cat((state.valid, state.valid.new_zeros(n))),
+                          zero=zero if r.lean else None)
 
 
 def padded_read(r, state: PaddedState, role_: tuple, p: tuple) -> Tensor:
     """o_0 at a block start, else :func:`routers.two_phase.merge` of P and the seen details."""
-    _, _, start, _, _, seen, _, _ = role_
+    _, _, start, _, _, seen = role_[:6]
     q, _, bias_row, _, o, mx, s = p[:7]
     if start:
         return o
     bias = None if bias_row is None or not seen else torch.cat((bias_row.new_zeros(1), bias_row[list(seen)]))
-    return two_phase.merge(o, mx, s, q, state.partial, [state.partial_details[j] for j in seen], bias,
-                           getattr(r, "max_detail_scale", 1.0))
+    details, rho = [state.partial_details[j] for j in seen], getattr(r, "max_detail_scale", 1.0)
+    if r.lean:  # the register oldest first: pads, then u_0 … u_{p−1} (routers.lean.rebuild)
+        return lean.merge(o, mx, s, q, state.partial, details, bias, rho, state.updates[::-1],
+                          state.update_coefs.flip(0), seen)
+    return two_phase.merge(o, mx, s, q, state.partial, details, bias, rho)
 
 
 def padded_write(r, state: PaddedState, role_: tuple, p: tuple, update: Tensor) -> PaddedState:
     """P and the details after ``update``; a completed block goes in front of the pool (its details
     RMS-matched to P, or pads for the last block when nothing reads them), the last pads drop off,
     and phase 1 of the next block runs over the new pool."""
-    _, _, start, last, final, _, _, _ = role_
+    _, _, start, last, final = role_[:5]
     K = len(r.detail_kinds)
     partial, details = _updated(state, update, p[3], start)
     if not last:
-        return state._replace(partial=partial, partial_details=details)
+        if not r.lean:
+            return state._replace(partial=partial, partial_details=details)
+        c = p[3].unsqueeze(0)
+        if start:  # a fresh register: u_0, then pads
+            n = role_[6] - 2
+            reg = (update,) + tuple(state.zero.view(state.zero.shape) for _ in range(n))
+            coefs = torch.cat((c, c.new_zeros(n, c.shape[1])))
+        else:
+            reg, coefs = (update,) + state.updates[:-1], torch.cat((c, state.update_coefs[:-1]))
+        return state._replace(partial=partial, partial_details=details, updates=reg, update_coefs=coefs)
     acc = state.valid.dtype
     keep = len(state.values) - (1 + K)
     if final and not r.readout_details:  # the dropped pads stand for the details nobody reads
         new = (partial,) + state.values[keep:keep + K]
-        new_inv = (two_phase.inv_rms(partial),) + state.inv_rms[keep:keep + K]
+        new_inv = (two_phase._inv_rms(r, partial),) + state.inv_rms[keep:keep + K]
         new_valid = torch.cat((state.valid.new_ones(1), state.valid.new_zeros(K)))
     else:
         new = (partial,) + tuple(r._match(d, partial) for d in details)
-        new_inv = tuple(two_phase.inv_rms(v).to(acc) for v in new)
+        new_inv = tuple(two_phase._inv_rms(r, v).to(acc) for v in new)
         new_valid = state.valid.new_ones(1 + K)
     values, inv = new + state.values[:keep], new_inv + state.inv_rms[:keep]
     valid = torch.cat((new_valid, state.valid[:keep]))
     if final:
-        return PaddedState(values, inv, valid, None, (), None, None, None)
+        return PaddedState(values, inv, valid, None, (), None, None, None, zero=state.zero)
     q_next, bias_next = p[7], p[8]
-    o, mx, s = padded_phase1(values, inv, valid, q_next, bias_next, K)
-    return PaddedState(values, inv, valid, None, (), o, mx, s)
+    o, mx, s = padded_phase1(values, inv, valid, q_next, bias_next, K, r.lean)
+    return PaddedState(values, inv, valid, None, (), o, mx, s, zero=state.zero)
 
 
 def output_params(r) -> tuple:
@@ -266,8 +292,13 @@ def padded_output(r, state: PaddedState, p: tuple) -> Tensor:
     keep = list(range(len(state.values))) if r.readout_details else list(range(0, len(state.values), 1 + K))
     if len(keep) == 1:
         return state.values[0]
-    V = torch.stack([state.values[i] for i in keep])
     q, _, bias_row = p
+    if r.lean:
+        bias = _kinds_bias(bias_row[None], K, len(keep)) if r.readout_details and K else None
+        o, _, _ = lean.mix(q[None], None if bias is None else bias.to(state.valid.dtype),
+                           [state.values[i] for i in keep], [state.inv_rms[i] for i in keep], state.valid[keep])
+        return o[0]
+    V = torch.stack([state.values[i] for i in keep])
     dots = torch.matmul(V, q)
     logits = dots.to(state.valid.dtype) * torch.stack([state.inv_rms[i] for i in keep])
     if r.readout_details and K:

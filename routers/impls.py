@@ -11,7 +11,8 @@ An implementation runs one of the two schedules of :class:`routers.attnres.Block
   own input norm belongs to the workload: a peer must not fuse it.
 - ``schedule="two_phase"``: a peer replaces the two phases of ``routers/two_phase.py`` by its
   ``phases = (phase1, phase2)``, with the signatures of :func:`routers.two_phase.phase1` and
-  :func:`routers.two_phase.phase2`.
+  :func:`routers.two_phase.phase2`. The built-in ``lean`` runs this schedule too, with its own
+  phases, inverse RMS and readout as custom autograd Functions (``backward="recompute"``).
 
 An adapter is one module of ``routers/peers/`` that defines ``IMPL`` (an :class:`Impl`): it imports
 its package lazily inside ``probe`` (any exception, not only ``ImportError``, makes it
@@ -58,6 +59,9 @@ class Impl:
         builtin: part of routerbench (never unavailable).
         interpretable: a Triton kernel that also runs on CPU tensors under Triton's interpreter
             (``TRITON_INTERPRET=1``); some Triton-based packages refuse CPU tensors even then.
+        backward: ``"autograd"`` (autograd differentiates the forward's ops) or ``"recompute"``
+            (custom autograd Functions keep the sources once and a few statistics, and recompute
+            the rest: ``lean``, ``routers/lean.py``).
     """
 
     name: str
@@ -73,6 +77,14 @@ class Impl:
     conventions: str = ""
     builtin: bool = False
     interpretable: bool = False
+    backward: str = "autograd"
+
+    @property
+    def opaque(self) -> bool:
+        """Whether fvcore cannot see this impl's ops (a peer's kernels or custom ops, or custom
+        autograd Functions, which its trace records as one opaque call): its FLOPs are counted
+        on its naive twin (``harness.sweep.prepare.naive_twin``)."""
+        return not self.builtin or self.backward != "autograd"
 
     def version(self) -> str | None:
         """The installed version of :attr:`package`, or None."""
@@ -126,6 +138,9 @@ def register(impl: Impl) -> Impl:
         raise ValueError(f"implementation name {impl.name!r} is registered twice")
     if impl.schedule not in ("naive", "two_phase"):
         raise ValueError(f"impl {impl.name}: schedule must be naive or two_phase, got {impl.schedule!r}")
+    if impl.backward not in ("autograd", "recompute") or (impl.backward == "recompute" and impl.schedule != "two_phase"):
+        raise ValueError(f"impl {impl.name}: backward must be autograd, or recompute on the two_phase "
+                         f"schedule, got {impl.backward!r} on {impl.schedule}")
     IMPLS[impl.name] = impl
     return impl
 
@@ -176,6 +191,9 @@ _builtin_note = "routerbench's own PyTorch code"
 register(Impl("naive", BLOCK_ROUTERS, "naive", conventions=_builtin_note + ": the reference", builtin=True))
 register(Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase",
               conventions=_builtin_note + ": the AttnRes paper's two-phase schedule", builtin=True))
+register(Impl("lean", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",
+              conventions=_builtin_note + ": the two-phase schedule with a backward that keeps each "
+              "source once and a few float32 statistics per token (routers/lean.py)", builtin=True))
 
 _peers_loaded = False
 

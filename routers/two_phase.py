@@ -32,6 +32,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
+from . import lean
 from .base import Slot
 from .mixer import EPS, softmax_dtype
 
@@ -74,6 +75,9 @@ class TwoPhaseState(NamedTuple):
     block_out: Tensor | None
     block_max: Tensor | None
     block_sum: Tensor | None
+    #: the current block's sublayer outputs u_0 … u_{p−1}, kept by the ``lean`` impl only (its
+    #: backward rebuilds P and the details from them, ``routers/lean.py``); () otherwise.
+    updates: tuple[Tensor, ...] = ()
 
 
 def inv_rms(v: Tensor) -> Tensor:
@@ -174,9 +178,37 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
     return out
 
 
+def lean_phase1(r: BlockRouter, values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
+                block_slots: list[Slot], kinds: tuple[int | None, ...]) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
+    """:func:`phase1` through ``lean``'s Function (:func:`routers.lean.mix`): o is a tuple of m
+    (B, T, d), the source itself when e is the only one."""
+    reads = [s.index for s in block_slots]
+    return lean.mix(queries(r, reads), bias_matrix(r, reads, kinds), values, inv)
+
+
+def lean_phase2(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
+    """:func:`phase2` through ``lean``'s Function (:func:`routers.lean.merge`), which rebuilds P
+    and the details from ``st.updates`` in its backward."""
+    seen = r._partial_kinds(slot)
+    bias = bias_matrix(r, [slot.index], (None,) + tuple(seen))
+    coefs = [r._coefficients(x) for x in r.slots if x.block == slot.block and x.pos < slot.pos]
+    return lean.merge(st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos],
+                      queries(r, [slot.index])[0], st.partial, [st.partial_details[j] for j in seen],
+                      None if bias is None else bias[0], getattr(r, "max_detail_scale", 1.0),
+                      st.updates, coefs, seen)
+
+
 def _phases(r: BlockRouter) -> tuple:
-    """The router's phases: a peer kernel's (``routers/impls.py``) or :func:`phase1`, :func:`phase2`."""
+    """The router's phases: ``lean``'s (:func:`lean_phase1`, :func:`lean_phase2`), a peer
+    kernel's (``routers/impls.py``) or :func:`phase1`, :func:`phase2`."""
+    if getattr(r, "lean", False):
+        return lean_phase1, lean_phase2
     return getattr(r, "peer_phases", None) or (phase1, phase2)
+
+
+def _inv_rms(r: BlockRouter, v: Tensor) -> Tensor:
+    """:func:`inv_rms`, through ``lean``'s Function when the router runs that impl."""
+    return lean.inv_rms(v) if getattr(r, "lean", False) else inv_rms(v)
 
 
 def completed_kinds(r: BlockRouter, n_blocks_done: int) -> tuple[int | None, ...]:
@@ -189,7 +221,7 @@ def block_slots(r: BlockRouter, block: int) -> list[Slot]:
 
 
 def init_state(r: BlockRouter, e: Tensor) -> TwoPhaseState:
-    values, inv = (e,), (inv_rms(e),)
+    values, inv = (e,), (_inv_rms(r, e),)
     o, mx, s = _phases(r)[0](r, values, inv, block_slots(r, 1), completed_kinds(r, 0))
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
@@ -201,14 +233,16 @@ def read(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
 
 
 def write(r: BlockRouter, st: TwoPhaseState, slot: Slot, partial: Tensor,
-          details: tuple[Tensor, ...]) -> TwoPhaseState:
-    """New state once the block's running sums (P, raw details) include this slot's update."""
+          details: tuple[Tensor, ...], update: Tensor | None = None) -> TwoPhaseState:
+    """New state once the block's running sums (P, raw details) include this slot's ``update``
+    (kept in ``updates`` by the ``lean`` impl)."""
     if not slot.last_in_block:
-        return st._replace(partial=partial, partial_details=details)
+        kept = st.updates + (update,) if getattr(r, "lean", False) else ()
+        return st._replace(partial=partial, partial_details=details, updates=kept)
     final = slot.index == len(r.slots) - 1
     matched = () if final and not r.readout_details else tuple(r._match(d, partial) for d in details)
     new = (partial,) + matched
-    values, inv = st.values + new, st.inv_rms + tuple(inv_rms(v) for v in new)
+    values, inv = st.values + new, st.inv_rms + tuple(_inv_rms(r, v) for v in new)
     if final:
         return TwoPhaseState(values, inv, None, (), None, None, None)
     o, mx, s = _phases(r)[0](r, values, inv, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
@@ -224,8 +258,12 @@ def output(r: BlockRouter, st: TwoPhaseState) -> Tensor:
     keep = [i for i, k in enumerate(kinds) if r.readout_details or k is None]
     if len(keep) == 1:
         return st.values[0]
-    V = torch.stack([st.values[i] for i in keep])
     read = 2 * r.n_layers
+    if getattr(r, "lean", False):
+        bias = bias_matrix(r, [read], tuple(kinds[i] for i in keep))
+        o, _, _ = lean.mix(queries(r, [read]), bias, [st.values[i] for i in keep], [st.inv_rms[i] for i in keep])
+        return o[0]
+    V = torch.stack([st.values[i] for i in keep])
     dots = torch.matmul(V, queries(r, [read])[0])                  # (n, B, T)
     logits = dots.to(softmax_dtype(V.dtype)) * torch.stack([st.inv_rms[i] for i in keep])
     bias = bias_matrix(r, [read], tuple(kinds[i] for i in keep))

@@ -5,7 +5,7 @@
 # is already there, installs nothing, and runs the project from this checkout (PYTHONPATH).
 # Needs pytest, pandas, click, tqdm, tabulate; fvcore and tomli-w are optional (FLOP rows become `skipped`).
 # Budget: under 8 minutes on one GPU (one shape, 7 routers; compile only for fwd_bwd; no
-# max-autotune; then three short training runs to a target, one per backend). Usage: bash scripts/gpu_check.sh [results-root]   (default /tmp/routerbench-gpu)
+# max-autotune; lean against two_phase; then three short training runs to a target, one per backend). Usage: bash scripts/gpu_check.sh [results-root]   (default /tmp/routerbench-gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -73,6 +73,27 @@ timeout 60 "$PY" -m harness.cli run "${impl_shape[@]}" --workload decoder --back
 impl_dirs=$(ls -d "$OUT"/*/gpu-check-impls-* 2>/dev/null)
 [ -n "$impl_dirs" ] && "$PY" -m harness.cli report $impl_dirs --out "$OUT/impls-report" >/dev/null \
   && sed -n '/^## Implementations/,/^## /p' "$OUT/impls-report/report.md" | head -n 30
+
+# lean against two_phase (routers/lean.py): CUDA peak memory and step time of the memory-lean
+# backward, eager and compiled (model scope), bf16, fwd_bwd, one paired group per backend.
+echo "== lean vs two_phase: CUDA peak memory and step time (haares, wav_v1; bf16 fwd_bwd)"
+timeout 150 "$PY" -m harness.cli run --routers prenorm,haares,wav_v1 --impls two_phase,lean --widths 1024 --depths 8 \
+  --n-heads 8 --seq-len 1024 --batch-size 4 --dtype bfloat16 --modes fwd_bwd --backends eager,compile \
+  --no-train --no-report --quiet --repeats 10 --warmup-s 0.5 --remeasure-s 5 --out "$OUT" --run-id gpu-check-lean
+"$PY" - "$OUT" <<'PYEOF'
+import sys
+from pathlib import Path
+from harness.rundir.records import load_rows
+rows = load_rows(sorted(Path(sys.argv[1]).glob("*/gpu-check-lean")))
+get = {(r["router"], r["impl"], r["backend"], r["metric"]): r["value"] for r in rows if r.get("value") is not None}
+base = {b: get.get(("prenorm", "naive", b, "peak_allocated")) for b in ("eager", "compile")}
+print("router   impl       backend  peak_alloc_MiB  x_prenorm  saved_act_MiB")
+for (router, impl, backend, metric), v in sorted(get.items()):
+    if metric == "peak_allocated":
+        saved = get.get((router, impl, backend, "saved_activation"))
+        print(f"{router:<8} {impl:<10} {backend:<8} {v / 2**20:14.1f} {v / base[backend] if base[backend] else float('nan'):10.3f}"
+              f"  {'-' if saved is None else format(saved / 2**20, '.1f')}")
+PYEOF
 
 # Training to a target on every backend (120 steps of the cpu-train shape, 2 seeds, given target;
 # the CUDA-graph run captures forward, backward, clip and AdamW in one graph).

@@ -145,9 +145,11 @@ def test_graphed_step_and_preflight_on_cpu():
 # --- CUDA only ----------------------------------------------------------------------------------
 @CUDA
 @pytest.mark.cuda
-@pytest.mark.parametrize("name,impl", VARIANTS)
+@pytest.mark.parametrize("name,impl", VARIANTS + [("haares", "lean")])
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd", "decode"])
 def test_cudagraph_equals_eager(name, impl, mode):
+    """Replay equals eager, forward and gradients; ``lean``'s Functions inside the capture too (no
+    host sync, the same allocations every step)."""
     x, y = batch("cuda")
     eager, graphed = model_for(name, impl, "cuda"), model_for(name, impl, "cuda")
     dec_e = prefill_for_decode(eager, x) if mode == "decode" else None
@@ -176,7 +178,7 @@ def test_cudagraph_train_step_trains():
 @CUDA
 @pytest.mark.cuda
 @pytest.mark.compile
-@pytest.mark.parametrize("name,impl", [("prenorm", "naive"), ("haares", "two_phase")])
+@pytest.mark.parametrize("name,impl", [("prenorm", "naive"), ("haares", "two_phase"), ("haares", "lean")])
 @pytest.mark.parametrize("scope", ["layer", "model"])
 def test_reduce_overhead_equals_eager(name, impl, scope):
     x, y = batch("cuda")

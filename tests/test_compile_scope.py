@@ -24,8 +24,10 @@ CPU = torch.device("cpu")
 BLOCK = ("block_attnres", "haares", "wav_v1")
 VARIANTS = [(n, i) for n in sorted(ROUTERS) for i in ROUTERS[n].impls]
 #: The Inductor cases ``make test`` runs (the rest need ``--compile-matrix``, tests/conftest.py):
-#: the PreNorm path, a two-phase padded pool and a naive tuple of sources with details.
-IN_CI = {("prenorm", "naive"), ("block_attnres", "two_phase"), ("haares", "two_phase"), ("wav_v1", "naive")}
+#: the PreNorm path, a two-phase padded pool, a naive tuple of sources with details, and lean's
+#: Functions on the padded pool with its register of updates.
+IN_CI = {("prenorm", "naive"), ("block_attnres", "two_phase"), ("haares", "two_phase"), ("wav_v1", "naive"),
+         ("wav_v1", "lean")}
 
 
 def matrix(pairs):
@@ -33,10 +35,11 @@ def matrix(pairs):
     return [pytest.param(n, i, marks=() if (n, i) in IN_CI else pytest.mark.compile_matrix) for n, i in pairs]
 #: Regions of the layer scope by the slot structure: init and head, plus one per sublayer role.
 #: PreNorm's family reads and writes alike at every slot (attention and MLP: 2 roles); a block
-#: router's two-phase roles are the attention at a block start, an attention and an MLP inside a
+#: router's two-phase roles (``lean``'s too: its register of updates has the block's length) are
+#: the attention at a block start, an attention and an MLP inside a
 #: block, the MLP that ends a block (phase 1 of the next), the one that ends the last (5); naive's
 #: tuple grows by a block at a time, so its 4 roles repeat per block (4 N).
-STATED = {"prenorm": 4, "rezero": 4, "layerscale": 4, ("two_phase", 2): 7, ("naive", 2): 10}
+STATED = {"prenorm": 4, "rezero": 4, "layerscale": 4, ("two_phase", 2): 7, ("lean", 2): 7, ("naive", 2): 10}
 FAST = SweepOptions(flops=False, memory=False, max_attempts=1,
                     timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=2))
 

@@ -9,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.costs.flops import HANDLES, UnsupportedOpError, count_fwd_flops, count_router_fma
-from routers import ROUTERS, build_router, router_options
+from routers import ROUTERS, build_router, impls, router_options
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
@@ -96,10 +96,12 @@ def test_every_registered_router_has_golden():
     assert set(ROUTERS) <= set(GOLDEN), "add a hand-derived golden for the new router"
 
 
+#: fvcore's trace sees lean's custom Functions as one opaque call each: its FLOPs are its naive
+#: twin's (test_an_opaque_impl_is_refused_by_fvcore_and_its_twin_is_naive below).
 CASES = [(n, wl, mlp, kg, impl) for n in sorted(ROUTERS)
          for wl, mlp, kg in itertools.product(("decoder", "router_only"), ("swiglu", "gelu"), (False, True))
          for impl in ROUTERS[n].impls
-         if not kg or "key_norm_gain" in router_options(n)]
+         if (not kg or "key_norm_gain" in router_options(n)) and not impls.get(impl).opaque]
 
 
 @pytest.mark.parametrize("name,workload,mlp,gain,impl", CASES)
@@ -113,6 +115,21 @@ def test_no_unsupported_op(name, workload, mlp, gain, impl):
     c = count_fwd_flops(model, (torch.randint(0, V, (1, 3)),), strict=False)
     assert c.unsupported == {}
     assert c.total_fma > 0
+
+
+def test_an_opaque_impl_is_refused_by_fvcore_and_its_twin_is_naive():
+    """fvcore records each of lean's Functions as a ``prim::PythonOp`` (0 FLOPs, were it not
+    refused); the sweep counts the case on its naive twin, whose count is naive's exactly."""
+    from harness.sweep.cases import Case
+    from harness.sweep.prepare import naive_twin
+    cfg = DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, seq_len=3, batch_size=1)
+    x = torch.randint(0, V, (1, 3))
+    model = Decoder(cfg, "haares", {"impl": "lean"})
+    c = count_fwd_flops(model, (x,), strict=False)
+    assert set(c.unsupported) == {"prim::PythonOp.InvRms", "prim::PythonOp.Phase1", "prim::PythonOp.Phase2"}
+    twin = naive_twin(Case("haares", cfg, "fwd_bwd", impl="lean"), model)
+    assert twin.router.impl == "naive"
+    assert count_fwd_flops(twin, (x,)).total_fma == count_fwd_flops(Decoder(cfg, "haares"), (x,)).total_fma
 
 
 @pytest.mark.parametrize("name", sorted(ROUTERS))

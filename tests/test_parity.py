@@ -45,9 +45,10 @@ def test_a_wrong_implementation_is_an_error_row_and_never_timed():
     assert not [r for r in w.rows if r["metric"] in ("compile_time", "params_matrix")]  # nothing built
 
 
-def test_two_phase_passes_parity_and_its_error_is_recorded():
+@pytest.mark.parametrize("impl", ["two_phase", "lean"])
+def test_two_phase_passes_parity_and_its_error_is_recorded(impl):
     w = MemoryWriter({"device": "cpu"})
-    case = Case("haares", TINY, "fwd_bwd", impl="two_phase")
+    case = Case("haares", TINY, "fwd_bwd", impl=impl)
     assert measure_unit([(case, True)], CPU, w, QUICK) == {case.key: "ok"}
     parity = [r for r in w.rows if r["metric"] == "parity_error"]
     assert len(parity) == 1 and parity[0]["status"] == "ok" and 0 <= parity[0]["value"] < 1e-4

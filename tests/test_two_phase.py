@@ -1,4 +1,5 @@
-"""``two_phase`` equals ``naive`` for every block router, forward and gradients, in float64."""
+"""``two_phase`` and ``lean`` (the same schedule with its memory-lean backward) equal ``naive`` for
+every block router, forward and gradients, in float64."""
 
 from __future__ import annotations
 
@@ -20,22 +21,23 @@ def run(router, e, ups):
     return torch.stack(reads + [out])
 
 
-def pair(name, L, **opts):
-    """Naive and two-phase routers sharing one set of random (non-trivial) parameters."""
+def pair(name, L, impl="two_phase", **opts):
+    """Naive and two-phase (or lean) routers sharing one set of random (non-trivial) parameters."""
     naive = build_router(name, D, L, impl="naive", **opts).double()
     g = torch.Generator().manual_seed(11)
     with torch.no_grad():
         for p in naive.parameters():
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    fast = build_router(name, D, L, impl="two_phase", **opts).double()
+    fast = build_router(name, D, L, impl=impl, **opts).double()
     fast.load_state_dict(naive.state_dict())
     return naive, fast
 
 
+@pytest.mark.parametrize("impl", ["two_phase", "lean"])
 @pytest.mark.parametrize("name,partial", CASES)
 @pytest.mark.parametrize("L,n_blocks", [(4, 2), (5, 2), (6, 4), (3, None)])
 @pytest.mark.parametrize("extra", [{}, {"key_norm_gain": True, "readout_details": True}])
-def test_two_phase_equals_naive_forward_and_backward(name, partial, L, n_blocks, extra):
+def test_two_phase_equals_naive_forward_and_backward(name, partial, L, n_blocks, extra, impl):
     opts = dict(extra)
     if name in ("haares", "wav_v1"):
         opts["partial_details"] = partial
@@ -43,7 +45,7 @@ def test_two_phase_equals_naive_forward_and_backward(name, partial, L, n_blocks,
         opts.pop("readout_details", None)
     if name != "full_attnres":
         opts["n_blocks"] = n_blocks
-    naive, fast = pair(name, L, **opts)
+    naive, fast = pair(name, L, impl, **opts)
     g = torch.Generator().manual_seed(5)
     e = torch.randn(B, T, D, generator=g, dtype=torch.float64, requires_grad=True)
     ups = [torch.randn(B, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2 * L)]
@@ -64,7 +66,7 @@ def test_two_phase_decoder_trains_like_naive_in_float32():
     cfg = DecoderConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=2, seq_len=8, batch_size=2)
     x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
     losses = {}
-    for impl in ("naive", "two_phase"):
+    for impl in ("naive", "two_phase", "lean"):
         torch.manual_seed(0)
         m = Decoder(cfg, "wav_v1", {"impl": impl, "n_blocks": 2})
         opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -77,5 +79,6 @@ def test_two_phase_decoder_trains_like_naive_in_float32():
             trace.append(loss.item())
         losses[impl] = trace
     assert losses["naive"][-1] < losses["naive"][0]
-    torch.testing.assert_close(torch.tensor(losses["two_phase"]), torch.tensor(losses["naive"]),
-                               rtol=1e-4, atol=1e-5)
+    for impl in ("two_phase", "lean"):
+        torch.testing.assert_close(torch.tensor(losses[impl]), torch.tensor(losses["naive"]),
+                                   rtol=1e-4, atol=1e-5)

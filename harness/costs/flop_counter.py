@@ -206,7 +206,7 @@ FORMULAS: dict[Any, Formula] = {
     aten._fused_rms_norm: _fused_rms_norm,
     aten._fused_rms_norm_backward: _fused_rms_norm_backward,
     aten._softmax: _elementwise(5), aten._softmax_backward_data: _elementwise(4),
-    aten.lerp: _elementwise(3), aten.addcmul: _elementwise(2),
+    aten.lerp: _elementwise(3), aten.addcmul: _elementwise(2), aten.addcmul_: _elementwise(2),
     aten.silu: _elementwise(4), aten.sigmoid: _elementwise(4), aten.gelu: _gelu(5, 9),
     aten.silu_backward: _elementwise(9), aten.sigmoid_backward: _elementwise(3),
     aten.gelu_backward: _gelu(11, 18),
@@ -277,6 +277,13 @@ def _counted_forward(model: nn.Module, inputs: tuple, backward: bool) -> tuple[d
                                     allow_unused=True)
         total = fcm.get_flop_counts()
     return fwd, total, fwd_mm, tally[0], recorder.ops
+
+
+def recompute_counter() -> FlopCounterMode:
+    """A FlopCounterMode with this project's formulas, to nest inside :func:`count_flops_dispatch`
+    around part of a computation (``routers.lean.RECOMPUTE_COUNTER``): an op inside both counts
+    in both (modes stack)."""
+    return FlopCounterMode(display=False, custom_mapping=FORMULAS)
 
 
 def count_flops_dispatch(model: nn.Module, inputs: tuple | Tensor, backward: bool = False, *,

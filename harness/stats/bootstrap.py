@@ -56,7 +56,7 @@ def bootstrap_ratio_ci(a: list[float], b: list[float], n_boot: int = 2000, conf:
 
 def bootstrap_ratio_of_ratios(a1: list[float], b1: list[float], a2: list[float], b2: list[float],
                               n_boot: int = 2000, conf: float = 0.95,
-                              seed: int = 0) -> tuple[float, float, float]:
+                              seed: int = 0, joint: bool = False) -> tuple[float, float, float]:
     """How much a paired ratio grew from one run to another: ``median(b1/a1) / median(b2/a2)``,
     with a percentile-bootstrap interval.
 
@@ -67,20 +67,25 @@ def bootstrap_ratio_of_ratios(a1: list[float], b1: list[float], a2: list[float],
     in the baseline grew 1.10 (10 %); this is the ratio of the two step-time ratios, not of the
     overhead percentages (32 % / 20 %), which is unstable when an overhead is near zero.
 
+    With ``joint``, the two ratios come from the same rounds (two variants timed in one paired
+    group: round ``i`` of each is the same round), and the rounds are resampled together, which
+    keeps what they share (a slow round slows both); the lengths must then be equal.
+
     Args:
         a1, b1: this run's pairs: baseline times (e.g. prenorm) and compared times, same order.
-        a2, b2: the reference run's pairs, likewise (any number of pairs).
+        a2, b2: the reference run's pairs, likewise (any number of pairs; as many with ``joint``).
         n_boot: bootstrap resamples.
         conf: coverage of the interval, in (0, 1).
         seed: seed of the resampling.
+        joint: resample the rounds of both together (the same rounds, above).
 
     Returns:
         ``(growth, lo, hi)``; the bounds are NaN unless both runs have at least
         :data:`MIN_PAIRS_FOR_CI` pairs.
 
     Raises:
-        ValueError: empty or unequal lengths within a run, a non-positive time, or ``conf``
-            outside (0, 1).
+        ValueError: empty or unequal lengths within a run (or, with ``joint``, between the two),
+            a non-positive time, or ``conf`` outside (0, 1).
     """
     check_conf(conf)
     ratios = []
@@ -93,11 +98,14 @@ def bootstrap_ratio_of_ratios(a1: list[float], b1: list[float], a2: list[float],
             raise ValueError(f"{which} run: times must be positive")
         ratios.append(b_ / a_)
     r1, r2 = ratios
+    if joint and r1.size != r2.size:
+        raise ValueError(f"joint: the two share their rounds, so need as many pairs, got {r1.size} and {r2.size}")
     stat = float(np.median(r1) / np.median(r2))
     if min(r1.size, r2.size) < MIN_PAIRS_FOR_CI:
         return stat, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    boots = (np.median(r1[rng.integers(0, r1.size, size=(n_boot, r1.size))], axis=1)
-             / np.median(r2[rng.integers(0, r2.size, size=(n_boot, r2.size))], axis=1))
+    i1 = rng.integers(0, r1.size, size=(n_boot, r1.size))
+    i2 = i1 if joint else rng.integers(0, r2.size, size=(n_boot, r2.size))
+    boots = np.median(r1[i1], axis=1) / np.median(r2[i2], axis=1)
     lo, hi = np.percentile(boots, [50 * (1 - conf), 50 * (1 + conf)])
     return stat, float(lo), float(hi)

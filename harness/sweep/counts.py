@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.costs.flop_counter import count_flops_dispatch
+from harness.costs.flop_counter import count_flops_dispatch, recompute_counter
 from harness.costs.traffic import router_bytes_moved
 from harness.rundir.writer import StagingWriter
 from workloads.decoder import Decoder
@@ -55,6 +55,33 @@ def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter)
     fc = count_fwd_flops(model, (x,))
     w.write(**cols, metric="fwd_flops_fvcore", value=fc.total_fma, unit="FMA")
     w.write(**cols, metric="router_flops_fvcore", value=fc.router_fma, unit="FMA")
+
+
+def measure_recompute(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter) -> None:
+    """The FLOP a ``lean`` backward spends recomputing forward quantities (``routers/lean.py``:
+    keys, logits, softmax weights, the partial sums it rebuilds), counted on the case's own model
+    by the dispatch counter inside the Functions' :func:`routers.lean.recomputing` scopes.
+
+    Row: ``recompute_flops_dispatch`` (FLOP, per step; part of ``bwd_flops_dispatch`` of this
+    model, whose other FLOP rows are its naive twin's). A count that fails is an ``error`` row.
+    """
+    from routers import lean
+    modes: list = []
+
+    def counter():
+        modes.append(recompute_counter())
+        return modes[-1]
+    lean.RECOMPUTE_COUNTER = counter
+    try:
+        count_flops_dispatch(model, (x,), backward=True, strict=False)
+        value = sum(m.get_total_flops() for m in modes)
+    except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
+        w.write(**case.columns(), metric="recompute_flops_dispatch", unit="FLOP", status="error",
+                error=f"not counted: {type(exc).__name__}: {exc}")
+        return
+    finally:
+        lean.RECOMPUTE_COUNTER = None
+    w.write(**case.columns(), metric="recompute_flops_dispatch", value=value, unit="FLOP")
 
 
 def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:

@@ -57,7 +57,7 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     """Why the case's implementation cannot run here (a peer kernel's package, device, dtype or
     mode; ``routers/impls.py``), or None."""
     from routers import impls
-    if case.router not in impls.BLOCK_ROUTERS or case.impl in ("naive", "two_phase"):
+    if case.router not in impls.BLOCK_ROUTERS or impls.get(case.impl, case.router).builtin:
         return None
     if case.compile_scope == "layer":
         return (f"impl {case.impl} is a peer kernel, which has no region form: it runs under "
@@ -70,10 +70,13 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
 
 
 def naive_twin(case: Case, model: Decoder) -> Decoder:
-    """``model`` itself, or for a peer kernel's case (``routers/peers/``) the same decoder with
-    the naive impl and the same weights: FLOP counters and the traffic model see a peer's Triton
-    launches or custom ops as opaque, while the maths, and so the FLOPs, are naive's."""
-    if case.impl in ("naive", "two_phase") or "impl" not in case.router_kwargs():
+    """``model`` itself, or for an opaque impl's case (a peer kernel of ``routers/peers/``, or
+    ``lean``'s custom autograd Functions; ``routers.impls.Impl.opaque``) the same decoder with
+    the naive impl and the same weights: fvcore and the traffic model see a peer's Triton
+    launches, custom ops or a custom Function as one opaque call, while the maths, and so the
+    FLOPs, are naive's."""
+    from routers import impls
+    if "impl" not in case.router_kwargs() or not impls.get(case.impl, case.router).opaque:
         return model
     twin = Decoder(case.cfg, case.router, {**case.router_kwargs(), "impl": "naive"})
     twin.load_state_dict(model.state_dict())
@@ -120,6 +123,8 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
                                seed=case.seed, device=device)
         if count_flops:
             counts.count_case(case, naive_twin(case, model), x, w, opts.flops)
+            if opts.flops and getattr(model.router, "lean", False):
+                counts.measure_recompute(case, model, x, w)
         if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
             # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
             model.train()

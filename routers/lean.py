@@ -1,0 +1,341 @@
+"""The ``lean`` implementation of the block routers: the two-phase schedule
+(``routers/two_phase.py``) with a backward that keeps the sources once and a few float32 statistics
+per token, and recomputes the rest (logits, softmax weights, the partial sums).
+
+Plain autograd of the two-phase forward keeps, per read, a stacked copy of the sources, float32
+upcasts, logits and weights, and every running P and D; Megatron-LM's AttnRes Function and FLA's
+``fused_attnres`` (``checkpoint_level``) save the values and per-token statistics instead. Here
+three custom autograd Functions (:class:`InvRms`; :class:`Phase1`, which also serves the readout
+as one query; :class:`Phase2`) do the same for every read of ``block_attnres``, ``haares`` and
+``wav_v1``; each keeps only what ``ctx.save_for_backward`` holds (tests/test_lean.py fails a
+Function whose ctx holds a tensor attribute, which the saved-tensor hooks of ``saved_activation``
+would not see). What the backward keeps, in (B, T, d) tensors of the sources' dtype, with N blocks
+of m_b sublayers, K detail kinds and 2L sublayers (ROUTERS.md, "Two-phase computation"):
+
+- the sublayer outputs u_{b,0} … u_{b,m_b−2} of every block (P and the details are linear in them,
+  so a read's backward rebuilds the P and D it saw, bit for bit, by the forward's own sums; the
+  block's last output is never read inside its block): Σ_b (m_b − 1) = 2L − N;
+- each completed source once: C_1 … C_N and the RMS-matched details D̃_b of every block but the
+  last (of the last too with ``readout_details``): N + K·(N − 1); e and every read's output are
+  the sublayer norms' inputs, which prenorm's backward keeps too.
+
+So 2L + K(N − 1) tensors beyond prenorm: 24, 29, 34 at 12 layers and N = 6 (about 1.07, 1.08, 1.10
+times prenorm's 29.3 per layer), plus these float32 statistics per token: the inverse RMS of every
+completed source (1 + N + K(N−1)) and the RMS-matching gain of every completed detail (K(N−1));
+per phase 1 over n sources for m queries (the readout is one with m = 1) the raw query·source dots
+(m·n) and the running max and sum (2m); per phase-2 read seeing K' details the softmax weights of
+(o, P, its details) (2 + K'), the details' gains (K'), and per partial source its dot with the
+query and its inverse RMS (2 + 2K').
+
+Phase 1's output o of a block start is its own tensor (the next sublayer's norm keeps it, and a view
+would keep all m outputs); the other outputs are views that nobody keeps. The forward computes what
+``two_phase`` computes, in the same order, so the two agree to rounding; the statistics are in the
+softmax dtype (float32 for low-precision tensors). Under autocast each backward runs with its
+forward's autocast state (what ``torch.amp.custom_bwd`` does, for any device), so its contractions
+cast as the forward's did. Each Function's backward marks what it
+recomputes with :func:`recomputing`, which the FLOP counter uses for the ``recompute_flops_dispatch``
+row (``harness/sweep/counts.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Sequence
+
+import torch
+from torch import Tensor
+
+from .mixer import EPS, softmax_dtype
+
+#: Set by a FLOP counter (``harness.sweep.counts``) to a context manager factory that counts the
+#: ops run inside it; None (the default) costs one attribute test per backward.
+RECOMPUTE_COUNTER: Callable[[], ContextManager] | None = None
+
+
+def recomputing() -> ContextManager:
+    """The context in which a backward recomputes forward quantities (see :data:`RECOMPUTE_COUNTER`)."""
+    return RECOMPUTE_COUNTER() if RECOMPUTE_COUNTER is not None else contextlib.nullcontext()
+
+
+def _autocast_state(t: Tensor) -> tuple[str, bool, torch.dtype]:
+    """The autocast state of ``t``'s device now (kept by a forward for its backward)."""
+    dev = t.device.type
+    return dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)
+
+
+def _autocast(state: tuple[str, bool, torch.dtype]) -> ContextManager:
+    """Autocast as the forward ran (what ``torch.amp.custom_bwd`` does, for any device): a
+    backward runs outside the forward's autocast, and its contractions must cast alike."""
+    dev, enabled, dtype = state
+    return torch.autocast(dev, dtype=dtype, enabled=enabled)
+
+
+def _dot(a: Tensor, b: Tensor, acc: torch.dtype) -> Tensor:
+    """Row-wise dot over d, (…, d) · (…, d) → (…), accumulated in ``acc``."""
+    return torch.linalg.vecdot(a.to(acc), b.to(acc))
+
+
+class InvRms(torch.autograd.Function):
+    """``rsqrt(mean(v²) + ε)`` over d, (B, T, d) → (B, T) in the softmax dtype, keeping v (a source,
+    kept once anyway) and the result. Backward: ∂r/∂v = −r³·v/d."""
+
+    @staticmethod
+    def forward(ctx, v: Tensor) -> Tensor:
+        acc = softmax_dtype(v.dtype)
+        r = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1, dtype=acc).square() / v.shape[-1] + EPS)
+        ctx.save_for_backward(v, r)
+        return r
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        v, r = ctx.saved_tensors
+        coef = -g * r.pow(3) / v.shape[-1]
+        return (coef.unsqueeze(-1) * v).to(v.dtype)
+
+
+def inv_rms(v: Tensor) -> Tensor:
+    """:func:`routers.two_phase.inv_rms` through :class:`InvRms`."""
+    return InvRms.apply(v)
+
+
+class Phase1(torch.autograd.Function):
+    """Phase 1 of a block (:func:`routers.two_phase.phase1`): m queries over n completed sources.
+
+    ``apply(meta, q, bias, valid, *values, *inv)`` with ``meta = (n, alias)``: q (m, d) the queries
+    (key gain folded in), bias (m, n) or None, valid (n,) a mask of the pool's real sources (0 for a
+    pad of the layer scope) or None, then n sources (B, T, d) and their inverse RMS (B, T).
+
+    Returns ``(o_0, o_rest, μ, s)``: o_0 (B, T, d) its own tensor, o_rest (m−1, B, T, d), μ and s
+    (m, B, T) in the softmax dtype (μ not differentiable: softmax is shift-invariant). With
+    ``alias`` (n = 1: every o_i is the source itself, which the caller uses) only ``(μ, s)``.
+
+    Keeps the sources and inverse RMS (kept once anyway), q, bias, valid, the dots q·V (m, B, T, n)
+    and μ, s. Backward, with β = softmax weights rebuilt from the dots: gℓ = β(g_o·V − Σβ g_o·V) +
+    β·s·g_s, then ∂/∂V = βᵀg_o + (gℓ·r)ᵀq, ∂/∂r = Σ_m gℓ·dots, ∂/∂q = Σ (gℓ·r)V, ∂/∂bias = Σ gℓ.
+    """
+
+    @staticmethod
+    def forward(ctx, meta: tuple, q: Tensor, bias: Tensor | None, valid: Tensor | None, *tensors: Tensor):
+        n, alias = meta
+        values, inv = tensors[:n], tensors[n:]
+        V = torch.stack(values)                                       # (n, B, T, d), transient
+        acc = softmax_dtype(V.dtype)
+        dots = torch.einsum("md,nbtd->mbtn", q, V).to(acc)            # (m, B, T, n)
+        logits = dots * torch.stack(inv, dim=-1)
+        if bias is not None:
+            logits = logits + bias[:, None, None, :].to(acc)
+        if valid is not None:
+            logits = logits.masked_fill(valid == 0, float("-inf"))
+        mx = logits.amax(dim=-1)
+        p = torch.exp(logits - mx.unsqueeze(-1))
+        s = p.sum(dim=-1)
+        ctx.meta, ctx.autocast = meta, _autocast_state(q)
+        ctx.save_for_backward(q, bias, valid, dots, mx, s, *values, *inv)
+        ctx.mark_non_differentiable(mx)
+        if alias:
+            return mx, s
+        o = torch.einsum("mbtn,nbtd->mbtd", (p / s.unsqueeze(-1)).to(V.dtype), V)
+        o0 = o[0] if o.shape[0] == 1 else o[0].clone()
+        return o0, o[1:], mx, s
+
+    @staticmethod
+    def backward(ctx, *grads):
+        with _autocast(ctx.autocast):
+            return Phase1._backward(ctx, *grads)
+
+    @staticmethod
+    def _backward(ctx, *grads):
+        n, alias = ctx.meta
+        q, bias, valid, dots, mx, s, *rest = ctx.saved_tensors
+        values, inv = rest[:n], rest[n:]
+        g_s = grads[-1]
+        with recomputing():
+            r = torch.stack(inv, dim=-1)                              # (B, T, n)
+            logits = dots * r
+            if bias is not None:
+                logits = logits + bias[:, None, None, :].to(dots.dtype)
+            if valid is not None:
+                logits = logits.masked_fill(valid == 0, float("-inf"))
+            beta = torch.exp(logits - mx.unsqueeze(-1)) / s.unsqueeze(-1)   # (m, B, T, n)
+        V = torch.stack(values)
+        g_l = torch.zeros_like(beta) if g_s is None else beta * (g_s * s).unsqueeze(-1)
+        g_v = None
+        if not alias and (grads[0] is not None or grads[1] is not None):
+            g_o0, g_rest = grads[0], grads[1]
+            m = dots.shape[0]
+            G = torch.cat(((torch.zeros_like(V[0]) if g_o0 is None else g_o0).unsqueeze(0),
+                           torch.zeros_like(V[:m - 1]) if g_rest is None else g_rest))
+            g_beta = torch.einsum("mbtd,nbtd->mbtn", G, V).to(beta.dtype)
+            g_l = g_l + beta * (g_beta - (beta * g_beta).sum(dim=-1, keepdim=True))
+            g_v = torch.einsum("mbtn,mbtd->nbtd", beta.to(V.dtype), G)
+        g_dots = (g_l * r).to(V.dtype)                                # ∂ℓ/∂dots = r
+        key = torch.einsum("mbtn,md->nbtd", g_dots, q)
+        g_v = key if g_v is None else g_v + key
+        g_q = torch.einsum("mbtn,nbtd->md", g_dots, V) if ctx.needs_input_grad[1] else None
+        g_b = g_l.sum(dim=(1, 2)).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        g_r = (g_l * dots).sum(dim=0)                                 # (B, T, n)
+        return (None, g_q, g_b, None, *g_v.unbind(0), *g_r.unbind(-1))
+
+
+def mix(queries: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
+        valid: Tensor | None = None) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
+    """m queries over n sources through :class:`Phase1`.
+
+    Returns:
+        (o_0, …, o_{m−1}) each (B, T, d) (the source itself when n = 1), μ and s (m, B, T).
+    """
+    n, m = len(values), queries.shape[0]
+    if n == 1:
+        mx, s = Phase1.apply((1, True), queries, bias, valid, *values, *inv)
+        return (values[0],) * m, mx, s
+    o0, rest, mx, s = Phase1.apply((n, False), queries, bias, valid, *values, *inv)
+    return (o0, *rest.unbind(0)), mx, s
+
+
+def rebuild(updates: Sequence[Tensor], coefs, kinds: Sequence[int]) -> tuple[Tensor, list[Tensor]]:
+    """P and the raw details of ``kinds`` from the block's updates, by the forward's own sums
+    (``BlockAttnRes.write``: P = u_0, D = ±u_0, then P + u, D ± u), so bit for bit the same.
+
+    Args:
+        updates: u_0 … u_{p−1} oldest first, each (B, T, d); under the layer scope led by zero pads
+            (0 + x = x exactly, so the pads change no bit).
+        coefs: per update, its coefficient in every detail kind: a tuple of ±1 (Python), or a
+            (p, K) tensor of ±1 (0 for a pad) under the layer scope, which adds c·u (D ± u exactly).
+        kinds: the detail kinds to rebuild.
+    """
+    if isinstance(coefs, Tensor):
+        P, D = updates[0], [coefs[0, j] * updates[0] for j in kinds]
+        for i, u in enumerate(updates[1:], start=1):
+            P, D = P + u, [d + coefs[i, j] * u for d, j in zip(D, kinds)]
+        return P, D
+    P = updates[0]
+    D = [updates[0] if coefs[0][j] > 0 else -updates[0] for j in kinds]
+    for u, c in zip(updates[1:], coefs[1:]):
+        P = P + u
+        D = [d + u if c[j] > 0 else d - u for d, j in zip(D, kinds)]
+    return P, D
+
+
+class Phase2(torch.autograd.Function):
+    """Phase 2 of one read at block position p ≥ 1 (:func:`routers.two_phase.merge`).
+
+    ``apply(meta, o, μ, s, q, bias, c, coef_t, P, *details, *updates)`` with ``meta = (kinds,
+    coefs)``: o (B, T, d), μ and s (B, T) of phase 1 for this read, q (d,), bias (K',) of the seen
+    details or None, c (K', B, T) their detached RMS-matching gains (not differentiable) or None,
+    coef_t the updates' coefficients as a (p, K) tensor (the layer scope; ``coefs`` is then None)
+    or None, P and the K' raw details (B, T, d) seen, then the block's updates u_0 … u_{p−1} (kept
+    to rebuild P and the details in the backward; ``kinds`` and ``coefs`` or ``coef_t`` say how,
+    :func:`rebuild`).
+
+    Returns h (B, T, d). Keeps the updates, h, s, q, bias, c, the softmax weights of
+    (o, P, details) (2 + K', B, T), and per source S = P, c·D the dot q·S/c and its inverse RMS
+    factor ρ = rsqrt(c²·mean(D²) + ε) (2·(1 + K'), B, T); it rebuilds P and the details only. Backward, with every weight w: gℓ_j = w_j(g·S_j − g·h) for
+    S_j = P, c·D; ∂/∂o = w_o·g; ∂/∂s = −Σ_j gℓ_j / s (softmax's gradient sums to zero over its
+    logits, so o need not be kept); ∂/∂P = w_P g + gℓ_P(r q − (q·P) r³ P/d) with r = rsqrt(mean P² + ε),
+    likewise for c·D; ∂/∂q, ∂/∂bias sum those over tokens.
+    """
+
+    @staticmethod
+    def forward(ctx, meta: tuple, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Tensor | None,
+                c: Tensor | None, coef_t: Tensor | None, P: Tensor, *tensors: Tensor) -> Tensor:
+        kinds, _ = meta
+        details, updates = tensors[:len(kinds)], tensors[len(kinds):]
+        d, acc = P.shape[-1], mx.dtype
+        # per source S = P, c·D: its dot t = q·S... (c folded in below) and ρ = rsqrt(c²·mean(S²) + ε)
+        t = torch.stack([torch.matmul(x, q).to(acc) for x in (P, *details)])            # (1 + K', B, T)
+        ms = torch.stack([torch.linalg.vector_norm(x, dim=-1, dtype=acc).square() / d for x in (P, *details)])
+        rho = torch.rsqrt(ms + EPS) if not details else torch.rsqrt(
+            torch.cat((ms[:1], c.square() * ms[1:])) + EPS)
+        logits = t * rho if not details else torch.cat((t[:1] * rho[:1], c * t[1:] * rho[1:]))
+        if bias is not None:
+            logits = torch.cat((logits[:1], logits[1:] + bias.view(-1, 1, 1).to(acc)))
+        m_new = torch.maximum(mx, logits.amax(dim=0))
+        a0 = s * torch.exp(mx - m_new)
+        aj = torch.exp(logits - m_new)
+        den = a0 + aj.sum(dim=0)
+        w = torch.cat(((a0 / den).unsqueeze(0), aj / den))          # (2 + K', B, T): o, P, details
+        if not details:
+            h = torch.lerp(P, o, w[0].to(o.dtype).unsqueeze(-1))
+        else:
+            h = w[0].to(o.dtype).unsqueeze(-1) * o
+            h = torch.addcmul(h, w[1].to(o.dtype).unsqueeze(-1), P)
+            for j, D in enumerate(details):
+                h = torch.addcmul(h, (w[2 + j] * c[j]).to(o.dtype).unsqueeze(-1), D)
+        ctx.meta, ctx.autocast = meta, _autocast_state(q)
+        ctx.save_for_backward(h, s, q, bias, c, coef_t, w, t, rho, *updates)
+        return h
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        with _autocast(ctx.autocast):
+            return Phase2._backward(ctx, g)
+
+    @staticmethod
+    def _backward(ctx, g: Tensor):
+        kinds, coefs = ctx.meta
+        h, s, q, bias, c, coef_t, w, ts, rhos, *updates = ctx.saved_tensors
+        acc, d = w.dtype, h.shape[-1]
+        with recomputing():
+            P, details = rebuild(updates, coefs if coef_t is None else coef_t, kinds)
+        srcs = [P] + details
+        gains = [None] + [c[j] for j in range(len(kinds))]
+        gh = _dot(g, h, acc)
+        g_l = []
+        for j, (S, cj) in enumerate(zip(srcs, gains)):
+            gs = _dot(g, S, acc)
+            g_l.append(w[1 + j] * ((gs if cj is None else cj * gs) - gh))
+        g_o = (w[0].to(g.dtype).unsqueeze(-1) * g) if ctx.needs_input_grad[1] else None
+        g_s = -torch.stack(g_l).sum(dim=0) / s
+        grads, g_q = [], torch.zeros_like(q, dtype=acc)
+        for j, (S, cj, t, rho, gl) in enumerate(zip(srcs, gains, ts, rhos, g_l)):
+            # ℓ = c·t·ρ with t = q·S, ρ = rsqrt(c²·mean(S²) + ε) (c = 1 for P):
+            # ∂ℓ/∂q = cρ·S, ∂ℓ/∂S = cρ·q − c³tρ³·S/d; the value path adds w·c·g
+            k_q = gl * rho if cj is None else gl * cj * rho
+            k_s = -k_q * t * rho.square() / d if cj is None else -k_q * cj.square() * t * rho.square() / d
+            val = w[1 + j] if cj is None else w[1 + j] * cj
+            grad = val.to(g.dtype).unsqueeze(-1) * g                  # a fresh tensor: in place below
+            grad.addcmul_(k_q.to(g.dtype).unsqueeze(-1), q.to(g.dtype)).addcmul_(k_s.to(g.dtype).unsqueeze(-1), S)
+            grads.append(grad)
+            g_q = g_q + torch.einsum("bt,btd->d", k_q, S.to(acc))
+        g_b = torch.stack([gl.sum() for gl in g_l[1:]]).to(bias.dtype) if bias is not None else None
+        return (None, g_o, None, g_s, g_q.to(q.dtype), g_b, None, None, grads[0], *grads[1:],
+                *(None for _ in updates))
+
+
+def gains(P: Tensor, details: Sequence[Tensor], max_detail_scale: float) -> Tensor | None:
+    """c = min(ρ, rms(P)/(rms(D) + ε)) of each detail (K', B, T), detached, in the softmax dtype
+    (:func:`routers.two_phase.merge`'s gain), or None without details."""
+    if not details:
+        return None
+    acc, d = softmax_dtype(P.dtype), P.shape[-1]
+    with torch.no_grad():
+        rp = (torch.linalg.vector_norm(P, dim=-1, dtype=acc).square() / d).sqrt()
+        return torch.stack([torch.clamp(rp / ((torch.linalg.vector_norm(D, dim=-1, dtype=acc).square() / d).sqrt() + EPS),
+                                        max=max_detail_scale) for D in details])
+
+
+def _distinct(tensors: list[Tensor]) -> list[Tensor]:
+    """``tensors`` with every repeat of an object replaced by a view of it: at p = 1, P is u_0 (and
+    so is a +1 detail), and Dynamo cannot trace a Function given one tensor twice."""
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        out.append(t.view_as(t) if id(t) in seen else t)
+        seen.add(id(t))
+    return out
+
+
+def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
+          bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor],
+          coefs, kinds: Sequence[int]) -> Tensor:
+    """:func:`routers.two_phase.merge` through :class:`Phase2`; ``bias`` (1 + K',) over (P,
+    details) as there (its first entry, P's, is 0 and not used); ``updates``, ``coefs`` (rows of
+    ±1, or a tensor) and ``kinds`` as :func:`rebuild` takes them."""
+    c = gains(P, details, max_detail_scale)
+    b = None if bias is None or not details else bias[1:]
+    o, P, *rest = _distinct([o, P, *details, *updates])
+    details, updates = rest[:len(details)], rest[len(details):]
+    if isinstance(coefs, Tensor):
+        return Phase2.apply((tuple(kinds), None), o, mx, s, q, b, c, coefs, P, *details, *updates)
+    return Phase2.apply((tuple(kinds), tuple(tuple(x) for x in coefs)), o, mx, s, q, b, c, None, P,
+                        *details, *updates)
