@@ -19,7 +19,7 @@ of m_b sublayers, K detail kinds and 2L sublayers (ROUTERS.md, "Two-phase comput
   last (of the last too with ``readout_details``): N + K·(N − 1); e and every read's output are
   the sublayer norms' inputs, which prenorm's backward keeps too.
 
-So 2L + K(N − 1) tensors beyond prenorm: 24, 29, 34 at 12 layers and N = 6 (about 1.07, 1.08, 1.10
+So 2L + K(N − 1) tensors beyond prenorm: 24, 29, 34 at 12 layers and N = 6 (about 1.07, 1.09, 1.10
 times prenorm's 29.3 per layer), plus these float32 statistics per token: the inverse RMS of every
 completed source (1 + N + K(N−1)) and the RMS-matching gain of every completed detail (K(N−1));
 per phase 1 over n sources for m queries (the readout is one with m = 1) the raw query·source dots
