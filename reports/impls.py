@@ -84,7 +84,10 @@ VS_METHOD = ("An implementation against the one it replaces (lean against two_ph
              "prenorm: the ratio of their paired ratios to prenorm, median(impl/prenorm) / "
              "median(against/prenorm), over the rounds both timed, with a 95% bootstrap interval "
              "that resamples those rounds jointly, since each round timed both "
-             "(harness.stats.bootstrap.bootstrap_ratio_of_ratios, joint). Below 1: the impl is faster.")
+             "(harness.stats.bootstrap.bootstrap_ratio_of_ratios, joint; no interval below 5 "
+             "rounds). Below 1: the impl is faster. lean's FLOP rows are its naive twin's (fvcore "
+             "cannot see into its Functions): its router FLOP share reads as naive's, not as a "
+             "larger cost; what its backward recomputes is the recompute_flops_dispatch row.")
 NO_VS_TABLE = ("No implementation was timed beside the one it is read against in a paired group "
                "(add --impls two_phase,lean with prenorm among --routers).")
 

@@ -171,7 +171,7 @@ def padded_phase1(values: tuple[Tensor, ...], inv: tuple[Tensor, ...], valid: Te
     """
     if lean_:
         bias = _kinds_bias(bias_rows, K, len(values))
-        return lean.mix(q, None if bias is None else bias.to(valid.dtype), values, inv, valid)
+        return lean.mix(q, None if bias is None else bias.to(valid.dtype), values, inv, valid, contiguous=True)
     V = torch.stack(values)                                            # (n, B, T, d)
     dots = torch.einsum("md,nbtd->mbtn", q, V)
     logits = dots.to(valid.dtype) * torch.stack(inv, dim=-1)

@@ -101,13 +101,14 @@ def inv_rms(v: Tensor) -> Tensor:
 class Phase1(torch.autograd.Function):
     """Phase 1 of a block (:func:`routers.two_phase.phase1`): m queries over n completed sources.
 
-    ``apply(meta, q, bias, valid, *values, *inv)`` with ``meta = (n, alias)``: q (m, d) the queries
+    ``apply(meta, q, bias, valid, *values, *inv)`` with ``meta = (n, alias, contiguous)``: q (m, d) the queries
     (key gain folded in), bias (m, n) or None, valid (n,) a mask of the pool's real sources (0 for a
     pad of the layer scope) or None, then n sources (B, T, d) and their inverse RMS (B, T).
 
     Returns ``(o_0, o_rest, μ, s)``: o_0 (B, T, d) its own tensor, o_rest (m−1, B, T, d), μ and s
     (m, B, T) in the softmax dtype (μ not differentiable: softmax is shift-invariant). With
-    ``alias`` (n = 1: every o_i is the source itself, which the caller uses) only ``(μ, s)``.
+    ``alias`` (n = 1: every o_i is the source itself, which the caller uses) only ``(μ, s)``; with
+    ``contiguous``, o_rest in the standard layout (the layer scope's regions guard on strides).
 
     Keeps the sources and inverse RMS (kept once anyway), q, bias, valid, the dots q·V (m, B, T, n)
     and μ, s. Backward, with β = softmax weights rebuilt from the dots: gℓ = β(g_o·V − Σβ g_o·V) +
@@ -116,7 +117,7 @@ class Phase1(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta: tuple, q: Tensor, bias: Tensor | None, valid: Tensor | None, *tensors: Tensor):
-        n, alias = meta
+        n, alias, contiguous = meta
         values, inv = tensors[:n], tensors[n:]
         V = torch.stack(values)                                       # (n, B, T, d), transient
         acc = softmax_dtype(V.dtype)
@@ -135,6 +136,8 @@ class Phase1(torch.autograd.Function):
         if alias:
             return mx, s
         o = torch.einsum("mbtn,nbtd->mbtd", (p / s.unsqueeze(-1)).to(V.dtype), V)
+        if contiguous:  # the layer scope: a region guards on the strides of its inputs, which must not
+            o = o.contiguous()  # depend on the block (einsum returns a (B, T, m, d) layout here)
         o0 = o[0] if o.shape[0] == 1 else o[0].clone()
         return o0, o[1:], mx, s
 
@@ -145,7 +148,7 @@ class Phase1(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, *grads):
-        n, alias = ctx.meta
+        n, alias, _ = ctx.meta
         q, bias, valid, dots, mx, s, *rest = ctx.saved_tensors
         values, inv = rest[:n], rest[n:]
         g_s = grads[-1]
@@ -178,17 +181,18 @@ class Phase1(torch.autograd.Function):
 
 
 def mix(queries: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
-        valid: Tensor | None = None) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
-    """m queries over n sources through :class:`Phase1`.
+        valid: Tensor | None = None, contiguous: bool = False) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
+    """m queries over n sources through :class:`Phase1` (``contiguous``: the layer scope's layout).
 
     Returns:
-        (o_0, …, o_{m−1}) each (B, T, d) (the source itself when n = 1), μ and s (m, B, T).
+        (o_0, …, o_{m−1}) each (B, T, d) (views of the source when n = 1), μ and s (m, B, T).
     """
     n, m = len(values), queries.shape[0]
-    if n == 1:
-        mx, s = Phase1.apply((1, True), queries, bias, valid, *values, *inv)
-        return (values[0],) * m, mx, s
-    o0, rest, mx, s = Phase1.apply((n, False), queries, bias, valid, *values, *inv)
+    if n == 1:  # each o_i is the source: a view of it each (one storage; no object twice, which a
+        # layer-scope region would see as an input aliasing the pool's e and guard on)
+        mx, s = Phase1.apply((1, True, contiguous), queries, bias, valid, *values, *inv)
+        return tuple(values[0].view_as(values[0]) for _ in range(m)), mx, s
+    o0, rest, mx, s = Phase1.apply((n, False, contiguous), queries, bias, valid, *values, *inv)
     return (o0, *rest.unbind(0)), mx, s
 
 
@@ -316,12 +320,12 @@ def gains(P: Tensor, details: Sequence[Tensor], max_detail_scale: float) -> Tens
 
 def _distinct(tensors: list[Tensor]) -> list[Tensor]:
     """``tensors`` with every repeat of an object replaced by a view of it: at p = 1, P is u_0 (and
-    so is a +1 detail), and Dynamo cannot trace a Function given one tensor twice."""
-    seen: set[int] = set()
-    out = []
+    so is a +1 detail), and Dynamo cannot trace a Function given one tensor twice. Compared with
+    ``is``, never ``id()``: under the layer scope Dynamo would guard a region on the ids of its
+    inputs, which are new objects at every step."""
+    out: list[Tensor] = []
     for t in tensors:
-        out.append(t.view_as(t) if id(t) in seen else t)
-        seen.add(id(t))
+        out.append(t.view_as(t) if any(t is x for x in tensors[:len(out)]) else t)
     return out
 
 

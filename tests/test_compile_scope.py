@@ -200,7 +200,8 @@ DEPTH_SHAPED = {"naive": 0, "two_phase": 2}
 def test_layer_scope_under_inductor_equals_eager(name, impl):
     """Output and every gradient of the layer-scope step (``backends.prepare``, Inductor) against
     eager, norm-relative 1e-5 (as ``harness/sweep/parity.py`` measures); 4 layers, 2 blocks, so
-    every role of a block router runs. The model scope: tests/test_backends.py."""
+    every role of a block router runs; a second step compiles nothing. The model scope:
+    tests/test_backends.py."""
     torch.manual_seed(0)
     model = _randomised(Decoder(CFG4, name, _options(name, impl)))
     x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
@@ -210,6 +211,9 @@ def test_layer_scope_under_inductor_equals_eager(name, impl):
     assert backends.graph_breaks() == 0
     assert _rel(got, ref) <= 1e-5
     assert max(_rel(grads[k], gref[k]) for k in gref) <= 1e-5
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a second step reuses every region
+        again, _ = _loss_and_grads(compiled, x)                 # (no guard on a state object's id)
+    assert _rel(again, got) <= 1e-6
     torch._dynamo.reset()
 
 

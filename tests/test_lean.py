@@ -138,7 +138,7 @@ def test_gradcheck_of_phase_1(n, bias, masked):
     b = _rand(m, n, g=g) if bias else None
 
     def f(q, b, *vi):  # μ is a detached shift: what is a function of the inputs is lse = μ + log s
-        *o, mx, s = lean.Phase1.apply((n, n == 1), q, b, valid, *vi)
+        *o, mx, s = lean.Phase1.apply((n, n == 1, False), q, b, valid, *vi)
         return (*o, mx + torch.log(s))
     assert torch.autograd.gradcheck(f, (q, b, *values, *inv))
 

@@ -125,6 +125,8 @@ CLI_CASES = [
     (["train", "--target-loss", "2", "--workload", "router_only"], "training needs the decoder workload"),
     (["train", "--target-loss", "2", "--seeds", "0"], "--seeds must be >= 1"),
     (["train", "--target-loss", "2", "--routers", "nope"], "--routers: 'nope' is not one of"),
+    (["run", "--routers", "prenorm,full_attnres", "--impls", "naive,lean"],
+     "--impls: lean is offered by none of --routers (prenorm, full_attnres)"),
     (["profile"], "--router is required"),
     (["profile", "--router", "nope"], "--router: 'nope' is not one of"),
     (["profile", "--router", "haares", "--backend", "tpu"], "--backend: 'tpu' is not one of eager, compile"),

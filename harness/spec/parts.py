@@ -187,6 +187,13 @@ def check_router_set(rs: RouterSet, selected: tuple[str, ...], depths: Iterable[
         ConfigError: naming ``--router-options`` (or its TOML key).
     """
     label = L("routers.router_options")
+    if impls is not None:  # an impl that no selected router offers would be dropped without a word
+        from routers.impls import impls_for
+        offered = {i.name for r in selected for i in impls_for(r)} | {i for r in selected for i in router_class(r).impls}
+        unused = [i for i in impls if i not in offered]
+        if unused:
+            raise ConfigError(f"{L('sweep.impls')}: {', '.join(unused)} is offered by none of "
+                              f"{L('routers.routers')} ({', '.join(selected)}); add a router that has it or drop it")
     for name, opts in (rs.router_options or {}).items():
         if name not in ROUTERS:
             raise ConfigError(f"{label}: unknown router {name!r}; known routers: {', '.join(sorted(ROUTERS))}")

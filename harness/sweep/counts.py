@@ -15,12 +15,15 @@ from workloads.decoder import Decoder
 from .cases import Case
 
 
-def count_case(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter, flops: bool = True) -> None:
-    """The router's cost models (:func:`measure_router_costs`) and, with ``flops``, its FLOPs
-    (:func:`measure_flops`) on ``model``: a count that fails is an ``error`` row of its metric
-    (``router_io_measured``, ``fwd_flops_fvcore``) and never stops the case's timing."""
+def count_case(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter, flops: bool = True,
+               costs_of: Decoder | None = None) -> None:
+    """The router's cost models (:func:`measure_router_costs`, on ``costs_of`` when given) and,
+    with ``flops``, its FLOPs (:func:`measure_flops`) on ``model``: a count that fails is an
+    ``error`` row of its metric (``router_io_measured``, ``fwd_flops_fvcore``) and never stops the
+    case's timing."""
     cols = case.columns()
-    for what, fn in (("router_io_measured", lambda: measure_router_costs(case, model, w)),
+    own = model if costs_of is None else costs_of
+    for what, fn in (("router_io_measured", lambda: measure_router_costs(case, own, w)),
                      ("fwd_flops_fvcore", lambda: flops and measure_flops(case, model, x, w))):
         try:
             fn()

@@ -122,8 +122,11 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
         x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
                                seed=case.seed, device=device)
         if count_flops:
-            counts.count_case(case, naive_twin(case, model), x, w, opts.flops)
-            if opts.flops and getattr(model.router, "lean", False):
+            # lean's FLOPs are its naive twin's (fvcore cannot see into its Functions); its state
+            # and traffic models are its own (a peer kernel's traffic is opaque: its twin's)
+            lean = getattr(model.router, "lean", False)
+            counts.count_case(case, naive_twin(case, model), x, w, opts.flops, costs_of=model if lean else None)
+            if opts.flops and lean:
                 counts.measure_recompute(case, model, x, w)
         if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
             # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
