@@ -48,7 +48,8 @@ STATIC_KEYS = ("router", "options", "impl", "workload", *SHAPE_COLS, "variant")
 TRAIN_KEYS = ("run_id", "router", "options", "variant", "seed")
 
 
-_NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair", "attempt")
+_NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair", "attempt",
+            "n_pairs", "ci_conf")
 
 
 _TEXT = tuple(c for c in COLUMNS if c not in _NUMERIC + ("value",))
@@ -136,22 +137,42 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
 
 
 def last_attempt(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep, of each case, only the timing rows of its last attempt (a noisy group is timed again;
-    every attempt is recorded, ``harness.timing.noise``); rows without an attempt number (FLOPs, memory,
-    rows written before re-measuring existed) are kept. Adds ``attempts``: the case's number of
-    timings (1 when it was timed once)."""
+    """Keep, of each case, the rows of its last own timing, and the rows that timing pairs with.
+
+    A group's timings are numbered by ``attempt`` (1, 2, …; a noisy case is timed again with its
+    partners, ``harness.sweep.timed.time_group``). A case's *own* rows have no ``pairs_with``;
+    of them only its last attempt is kept (rows without an attempt number, such as FLOPs, memory
+    and rows of older runs, are all kept). A ``step_time`` row that is not its case's last own
+    timing (a partner's rows in a re-time, or a case's own rows of a timing another case still
+    uses) is kept as ``partner_only`` when its timing is the last own timing of some case of the
+    same session and unit: it pairs, but never counts as its own case's result
+    (:func:`ok_rows` leaves it out unless asked). Adds ``attempts`` (the case's own timings)
+    and ``partner_only``."""
     att = pd.to_numeric(df["attempt"], errors="coerce")
-    last = att.groupby(df["case_key"]).transform("max").fillna(1)
-    keep = att.isna() | (att == last)
+    own = df["pairs_with"].astype(str).isin(["", "None", "nan"]) if "pairs_with" in df else pd.Series(True, index=df.index)
+    who = [df["case_key"], df["session"]]
+    last = att.where(own).groupby(who).transform("max")
+    keep_own = att.isna() | (own & (att == last))
+    unit = df["session"].astype(str) + "\x1f" + df["resume_unit"].astype(str)
+    live = set(zip(unit[keep_own & att.notna()], att[keep_own & att.notna()]))
+    partner = (~keep_own & (df["metric"] == "step_time")
+               & pd.Series([(u, a) in live for u, a in zip(unit, att)], index=df.index, dtype=bool))
+    n_own = att.where(own).groupby(who).transform("nunique")
+    keep = keep_own | partner
     out = df[keep].copy()
-    out["attempts"] = last[keep].astype("int64")
+    out["attempts"] = n_own[keep].where(n_own[keep] > 0, 1).fillna(1).astype("int64")
+    out["partner_only"] = partner[keep].astype(bool)
     out.attrs = dict(df.attrs)
     return out
 
 
-def ok_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows of ``metric`` with status ``ok`` and a value."""
-    return df[(df["metric"] == metric) & (df["status"] == "ok") & df["value"].notna()]
+def ok_rows(df: pd.DataFrame, metric: str, partners: bool = False) -> pd.DataFrame:
+    """Rows of ``metric`` with status ``ok`` and a value; a partner's rows of another case's
+    timing (``partner_only``, :func:`last_attempt`) only with ``partners``."""
+    sel = (df["metric"] == metric) & (df["status"] == "ok") & df["value"].notna()
+    if not partners and "partner_only" in df:
+        sel &= ~df["partner_only"].astype(bool)
+    return df[sel]
 
 
 def cost_rows(df: pd.DataFrame) -> pd.DataFrame:

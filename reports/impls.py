@@ -115,9 +115,10 @@ def impl_vs_table(df: pd.DataFrame) -> pd.DataFrame:
     found: dict[tuple, dict] = {}
     for p in pairs_by_variant(df):
         v = p["variant_keys"]
-        found.setdefault((tuple(p["group"].items()), v["router"], v["options"]), {})[v["impl"]] = p
+        found.setdefault((tuple(p["group"].items()), tuple(p["timing"].items()), v["router"], v["options"]),
+                         {})[v["impl"]] = p
     rows = []
-    for (group, router, options), by_impl in found.items():
+    for (group, _timing, router, options), by_impl in found.items():
         for impl, ref in AGAINST.items():
             if impl in by_impl and ref in by_impl:
                 a, b = _same_rounds(by_impl[impl], by_impl[ref])

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from harness.stats.bootstrap import bootstrap_ratio_ci  # noqa: E402
+from harness.stats.sequential import ratio_interval  # noqa: E402
 from harness.timing import noise  # noqa: E402
 from harness.timing.timer import median_iqr  # noqa: E402
 from routers import BASELINE  # noqa: E402
@@ -36,12 +36,15 @@ from .plotting import save_png  # noqa: E402
 PAIR_KEYS = ("run_id", "session", "backend", "compile_mode", "compile_scope", "mode", "workload",
              *frame.SHAPE_COLS, "device", "seed")
 VARIANT_KEYS = ("router", "options", "impl", "variant")
+#: What one timing of a group shares beyond :data:`PAIR_KEYS`: its unit and attempt (a re-timed
+#: case's rounds pair only with its partners' rows of that attempt).
+TIMING_KEYS = ("resume_unit", "attempt")
 #: What must match for two runs' ratios to be the same case (run, session and device may differ).
 SAME_CASE = ("backend", "compile_mode", "compile_scope", "mode", "workload", *frame.SHAPE_COLS, "seed", "variant")
 CONF = 0.95
 COLUMNS = [*(k for k in PAIR_KEYS if k != "session"), *VARIANT_KEYS, "pairs", "median_ms",
-           "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi", "attempts",
-           "noisy"]
+           "iqr_ms", "prenorm_ms", "prenorm_iqr_ms", "ratio", "ratio_lo", "ratio_hi", "interval",
+           "stop", "attempts", "noisy"]
 
 #: Report headers and number formats (merged into :data:`reports.render.COLUMN_STYLE`).
 COLUMN_STYLE = {
@@ -49,6 +52,7 @@ COLUMN_STYLE = {
     "ratio": ("ratio to prenorm (median of pairs)", "{:.3f}"),
     "ratio_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "ratio_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
     "attempts": ("timings", None), "noisy": ("noisy (last timing)", None),
+    "interval": ("interval", None), "stop": ("timing stopped", None),
     "eager_ms": ("eager (ms)", "{:.3f}"),
     "paired_vs_eager": ("vs eager, paired (median of pairs, ×)", "{:.3f}"),
     "paired_vs_eager_lo": (f"{CONF:.0%} CI low", "{:.3f}"), "paired_vs_eager_hi": (f"{CONF:.0%} CI high", "{:.3f}"),
@@ -60,7 +64,10 @@ METHOD = (f"Paired timing: in each run, the routers of one backend, mode and sha
           f"interleaved with prenorm in one process (ABBA rounds unless the manifest says "
           f"otherwise). ratio = median over rounds of router time / prenorm time of the same "
           f"round, with a {CONF:.0%} percentile-bootstrap interval over rounds; medians and IQRs "
-          f"are over the same rounds. The interval covers noise within one run, not drift "
+          f"are over the same rounds. With --precision-target the interval is the stopping rule's "
+          f"own (the distribution-free interval of the median at 1 − α/K for K pre-set looks, "
+          f"MEASUREMENT.md), named in the interval column. A re-timed case's ratio uses its "
+          f"last timing's pairs only. The interval covers noise within one run, not drift "
           f"between runs: the figure shows how repeated runs agree.")
 NO_TABLE = ("No paired step times (rows with a pair column and a prenorm in the same group): "
             "run `routerbench run --paired` with prenorm among --routers.")
@@ -68,34 +75,58 @@ NO_DATA = "No data for this figure: it needs paired step times of prenorm and an
 
 
 def paired_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The ``ok`` ``step_time`` rows of the cost sweep that carry a ``pair``, values in ms."""
-    st = frame.ok_rows(frame.cost_rows(df), "step_time")
+    """The ``ok`` ``step_time`` rows of the cost sweep that carry a ``pair``, values in ms, a
+    partner's rows of another case's timing included (``partner_only``)."""
+    st = frame.ok_rows(frame.cost_rows(df), "step_time", partners=True)
     st = st[st["pair"].notna()]
     return st.assign(value=st["value"] * st["unit"].map(frame.TO_MS).fillna(1.0))
 
 
+def _own(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[~rows["partner_only"].astype(bool)] if "partner_only" in rows else rows
+
+
+def interval_label(rows: pd.DataFrame) -> tuple[float | None, str]:
+    """The level of the stopping rule's interval the rows were timed under (their ``ci_conf``),
+    and how the report names the interval: ``rule 99.5 %`` or ``bootstrap 95 %``."""
+    conf = pd.to_numeric(rows["ci_conf"], errors="coerce").dropna() if "ci_conf" in rows else pd.Series(dtype=float)
+    if conf.empty:
+        return None, f"bootstrap {CONF:.0%}"
+    c = float(conf.iloc[0])
+    return c, f"rule {c:.2%}".replace(".00%", "%")
+
+
+def _stop(rows: pd.DataFrame) -> str:
+    s = rows["stop"].astype(str) if "stop" in rows else pd.Series(dtype=str)
+    s = s[~s.isin(["", "None", "nan"])]
+    return s.iloc[0] if len(s) else "fixed"
+
+
 def pairs_by_variant(df: pd.DataFrame) -> Iterator[dict]:
     """The pairs behind every ratio to prenorm, grouped as :func:`paired_ratio_table` groups them:
-    per group of :data:`PAIR_KEYS` (one session of one run at one setting and shape) and per
-    variant other than prenorm, the rounds both sides timed, in order.
+    per timing (:data:`PAIR_KEYS` and :data:`TIMING_KEYS`: one attempt of one group of one
+    session) and per variant other than prenorm timed there as its own (not as a partner), the
+    rounds both sides timed, in order.
 
     Yields:
-        ``group`` and ``variant_keys`` (dicts of those columns), ``prenorm`` and ``times`` (ms,
+        ``group``, ``timing`` and ``variant_keys`` (dicts of those columns), ``prenorm`` and ``times`` (ms,
         round by round; each round's median where a round holds several rows), and the rows of
-        each side (``base_rows``, ``rows``). Groups without prenorm yield nothing; of several
-        prenorm variants in a group, the first in name order is the baseline.
+        each side (``base_rows``, ``rows``). Timings without prenorm yield nothing; of several
+        prenorm variants in a timing, the first in name order is the baseline.
     """
-    for gk, g in paired_rows(df).groupby(list(PAIR_KEYS), dropna=False, sort=False):
+    keys = [*PAIR_KEYS, *TIMING_KEYS]
+    for gk, g in paired_rows(df).groupby(keys, dropna=False, sort=False):
         base_rows = g[g["router"] == BASELINE]
         if base_rows.empty:
             continue
         base_rows = base_rows[base_rows["variant"] == sorted(base_rows["variant"].unique())[0]]
         base = base_rows.groupby("pair")["value"].median()
-        for vk, v in g[g["router"] != BASELINE].groupby(list(VARIANT_KEYS), sort=False):
+        for vk, v in _own(g[g["router"] != BASELINE]).groupby(list(VARIANT_KEYS), sort=False):
             mine = v.groupby("pair")["value"].median()
             common = mine.index.intersection(base.index).sort_values()
             if len(common):
-                yield {"group": dict(zip(PAIR_KEYS, gk)), "variant_keys": dict(zip(VARIANT_KEYS, vk)),
+                yield {"group": dict(zip(PAIR_KEYS, gk)), "timing": dict(zip(TIMING_KEYS, gk[len(PAIR_KEYS):])),
+                       "variant_keys": dict(zip(VARIANT_KEYS, vk)),
                        "prenorm": base[common].tolist(), "times": mine[common].tolist(),
                        "base_rows": base_rows, "rows": v}
 
@@ -112,7 +143,9 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
         :data:`COLUMNS`: the group and variant, ``pairs`` (rounds present on both sides),
         ``median_ms``/``iqr_ms`` (router) and ``prenorm_ms``/``prenorm_iqr_ms`` over those
         rounds, ``ratio`` (median of router/prenorm per round), ``ratio_lo``/``ratio_hi`` (the
-        bootstrap interval), ``attempts`` (timings of the group; the last is used) and ``noisy``
+        interval: the stopping rule's own where ``ci_conf`` says a rule timed them, else the
+        bootstrap at ``conf``), ``interval`` (which: ``rule 99.5 %`` or ``bootstrap 95 %``),
+        ``stop`` (why timing stopped), ``attempts`` (the case's timings; the last is used) and ``noisy``
         (why the last timing of either side crossed a threshold of :mod:`harness.timing.noise`, ``""``
         when quiet; thresholds from ``df.attrs["noise_thresholds"]``, else the defaults). Groups
         without prenorm give no rows; empty input, an empty frame.
@@ -121,7 +154,8 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
     out = []
     for p in pairs_by_variant(df):
         a, b = p["prenorm"], p["times"]
-        ratio, lo, hi = bootstrap_ratio_ci(a, b, n_boot=n_boot, conf=conf, seed=seed)
+        rule, label = interval_label(p["rows"])
+        ratio, lo, hi = ratio_interval(a, b, rule, n_boot=n_boot, seed=seed, boot_conf=conf)
         (med, iqr), (bmed, biqr) = median_iqr(b), median_iqr(a)
         reasons = [f"{side}: {r}" for side, rows_ in (("router", p["rows"]), ("prenorm", p["base_rows"]))
                    for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
@@ -129,7 +163,7 @@ def paired_ratio_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
         out.append({**p["group"], **p["variant_keys"],
                     "pairs": len(a), "median_ms": med, "iqr_ms": iqr, "prenorm_ms": bmed,
                     "prenorm_iqr_ms": biqr, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
-                    "attempts": int(v["attempts"].max()) if "attempts" in v else 1,
+                    "interval": label, "stop": _stop(v), "attempts": int(v["attempts"].max()) if "attempts" in v else 1,
                     "noisy": "; ".join(reasons)})
     if not out:
         return pd.DataFrame(columns=COLUMNS)
@@ -160,22 +194,22 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
     rows = paired_rows(df)
     why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
-    for gk, g in rows.groupby(list(EAGER_KEYS), dropna=False, sort=False):
+    for gk, g in rows.groupby([*EAGER_KEYS, "attempt"], dropna=False, sort=False):
         eager_rows = g[g["backend"] == "eager"]
         eager = eager_rows.groupby("pair")["value"].median()
         if eager.empty:
             continue
-        for (backend, cm, sc), o in g[g["backend"] != "eager"].groupby(["backend", "compile_mode", "compile_scope"],
-                                                                      sort=False):
+        for (backend, cm, sc), o in _own(g[g["backend"] != "eager"]).groupby(
+                ["backend", "compile_mode", "compile_scope"], sort=False):
             other = o.groupby("pair")["value"].median()
             common = other.index.intersection(eager.index).sort_values()
             if common.empty:
                 continue
-            ratio, lo, hi = bootstrap_ratio_ci(eager[common].tolist(), other[common].tolist(),
-                                               n_boot=n_boot, conf=conf, seed=seed)
+            ratio, lo, hi = ratio_interval(eager[common].tolist(), other[common].tolist(),
+                                           interval_label(o)[0], n_boot=n_boot, seed=seed, boot_conf=conf)
             reasons = [f"{side}: {r}" for side, rows_ in ((backend, o), ("eager", eager_rows))
                        for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
-            out.append({**dict(zip(EAGER_KEYS, gk)), "backend": backend, "compile_mode": cm, "compile_scope": sc,
+            out.append({**dict(zip(EAGER_KEYS, gk[:-1])), "backend": backend, "compile_mode": cm, "compile_scope": sc,
                         "pairs": len(common), "eager_ms": float(eager[common].median()),
                         "median_ms": float(other[common].median()), "paired_vs_eager": ratio,
                         "paired_vs_eager_lo": lo, "paired_vs_eager_hi": hi, "noisy": "; ".join(reasons)})
@@ -204,7 +238,7 @@ def paired_scope_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
     rows = rows[rows["backend"] == "compile"]
     why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
-    for gk, g in rows.groupby([*EAGER_KEYS, "compile_mode"], dropna=False, sort=False):
+    for gk, g in rows.groupby([*EAGER_KEYS, "compile_mode", "attempt"], dropna=False, sort=False):
         sides = {sc: g[g["compile_scope"] == sc] for sc in ("model", "layer")}
         if any(v.empty for v in sides.values()):
             continue
@@ -212,11 +246,11 @@ def paired_scope_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
         common = t["model"].index.intersection(t["layer"].index).sort_values()
         if common.empty:
             continue
-        ratio, lo, hi = bootstrap_ratio_ci(t["model"][common].tolist(), t["layer"][common].tolist(),
-                                           n_boot=n_boot, conf=conf, seed=seed)
+        ratio, lo, hi = ratio_interval(t["model"][common].tolist(), t["layer"][common].tolist(),
+                                       interval_label(sides["layer"])[0], n_boot=n_boot, seed=seed, boot_conf=conf)
         reasons = [f"{sc}: {r}" for sc, v in sides.items()
                    for r in why.get((v["case_key"].iloc[0], v["session"].iloc[0]), [])]
-        out.append({**dict(zip([*EAGER_KEYS, "compile_mode"], gk)), "pairs": len(common),
+        out.append({**dict(zip([*EAGER_KEYS, "compile_mode"], gk[:-1])), "pairs": len(common),
                     "model_ms": float(t["model"][common].median()), "layer_ms": float(t["layer"][common].median()),
                     "layer_vs_model": ratio, "layer_vs_model_lo": lo, "layer_vs_model_hi": hi,
                     "noisy": "; ".join(reasons)})

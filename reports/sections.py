@@ -237,6 +237,14 @@ def _warnings(df: pd.DataFrame) -> list[str]:
         out.append(f"Noise: {len(noisy)} of {timed} timed cases were noisy in their last timing "
                    f"({retimed} cases were timed more than once); their absolute times are unreliable, "
                    f"their paired ratios are flagged (column \"noisy\"). E.g. {examples}.")
+    t = paired.paired_ratio_table(df, n_boot=200)
+    short = t[t["stop"].isin(["budget", "max_rounds"])] if len(t) else t
+    if len(short):
+        hw = ((short["ratio_hi"] - short["ratio_lo"]) / (2 * short["ratio"])).dropna()
+        out.append(f"Precision: the timing of {len(short)} of {len(t)} paired ratios stopped on its budget "
+                   f"or its last look before reaching --precision-target (column \"timing stopped\"); "
+                   + (f"their half-widths reached ±{hw.min():.1%} to ±{hw.max():.1%}." if len(hw) else
+                      "they have no interval."))
     return out + consistency_warnings(df)
 
 

@@ -6,7 +6,9 @@ large factor while paired ratios hold, so the gate checks only ratios measured *
 when a ratio's whole confidence interval lies beyond its threshold; when the interval straddles it
 the verdict is 'inconclusive', never a silent pass".
 
-Metrics (:data:`METRICS`), each a ratio with its 95 % percentile-bootstrap interval over pairs:
+Metrics (:data:`METRICS`), each a ratio with its interval over pairs: the stopping rule's own
+when the run timed to ``--precision-target`` (:func:`harness.stats.sequential.ratio_interval`),
+else the 95 % percentile bootstrap:
 
 - ``compile_vs_eager`` / ``cudagraph_vs_eager``: compiled (or graph-replayed) step time / eager
   step time of the same router, impl, options, mode and shape, paired per round in one group
@@ -24,7 +26,9 @@ Metrics (:data:`METRICS`), each a ratio with its 95 % percentile-bootstrap inter
 A rule ``max_pct = X`` sets the limit ``1 + X/100``: verdict ``fail`` when the interval's low end
 lies above it, ``pass`` when its high end lies at or below it, ``inconclusive`` otherwise (the
 interval straddles the limit, or there is none: fewer than :data:`harness.stats.bootstrap.MIN_PAIRS_FOR_CI`
-pairs). Exit status of the command: 0 all pass (or skipped), 1 a rule failed, 3 only inconclusive
+pairs). An interval that straddles the limit says what would decide it: the pairs to add at the
+observed spread, n·(h / |median − limit|)² − n (:func:`settle_note`), or "cannot be settled by
+more pairs" when the median lies within 1 % of the limit. Exit status of the command: 0 all pass (or skipped), 1 a rule failed, 3 only inconclusive
 besides passes (``--strict``: 1), 2 bad input.
 """
 
@@ -37,6 +41,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI, bootstrap_ratio_of_ratios
+from harness.stats.sequential import UNSETTLED_REL, pairs_needed
 from harness.timing import noise
 from reports.frame import backend_text, load_manifests
 from reports.paired import paired_ratio_table, paired_rows, paired_vs_eager_table, pairs_by_variant
@@ -210,13 +215,27 @@ def _select(t: pd.DataFrame, rule: Rule) -> pd.DataFrame:
     return t
 
 
+def settle_note(n: int, ratio: float, lo: float, hi: float, limit: float) -> str:
+    """What would decide an inconclusive check whose interval straddles ``limit``: the pairs to
+    add at the observed spread (:func:`harness.stats.sequential.pairs_needed`: the half-width
+    shrinks as 1/√n), or that no number of pairs settles it (the median within 1 % of the limit)."""
+    more = pairs_needed(n, (hi - lo) / (2 * ratio), ratio, limit)
+    if more is None:
+        return (f"cannot be settled by more pairs: the median {ratio:.3f} is within "
+                f"{UNSETTLED_REL:.0%} of the limit {limit:.3f}")
+    return (f"about {math.ceil(more)} more pairs would decide it at this spread "
+            f"({n} now; --precision-target {abs(ratio - limit) / ratio:.3f} times to it)")
+
+
 def _row(rule: Rule, case: str, ratio: float, lo: float, hi: float, note: str = "",
-         pairs: str = "") -> dict:
+         pairs: str = "", n: int | None = None) -> dict:
     v, why = verdict(lo, hi, rule.limit)
     if not math.isfinite(ratio):  # nothing measured: the note says why
         why = ""
     elif why.startswith("no CI") and pairs:
         why = f"no CI: {pairs}, {MIN_PAIRS_FOR_CI} needed"
+    elif v == "inconclusive" and n:
+        why += "; " + settle_note(n, ratio, lo, hi, rule.limit)
     return {"rule": rule.name, "metric": rule.metric, "case": case, "ratio": ratio, "lo": lo,
             "hi": hi, "limit": rule.limit, "verdict": v, "note": "; ".join(n for n in (why, note) if n)}
 
@@ -237,7 +256,7 @@ def _growth_rows(rule: Rule, now: pd.DataFrame, base: pd.DataFrame | str, label)
             out.append((r, _row(rule, label(r), nan, nan, nan, "not in the baseline")))
             continue
         g, lo, hi = bootstrap_ratio_of_ratios(r["prenorm"], r["times"], b["prenorm"], b["times"])
-        out.append((r, _row(rule, label(r), g, lo, hi,
+        out.append((r, _row(rule, label(r), g, lo, hi, n=min(len(r["times"]), len(b["times"])),
                             pairs=f"{len(r['times'])} pair(s) now, {len(b['times'])} in the baseline")))
     return out
 
@@ -289,7 +308,7 @@ def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str =
         if rule.metric == "overhead_vs_prenorm":
             t = tables.setdefault("ratio", paired_ratio_table(df))
             got = [_with_noise(_row(rule, label(r), r["ratio"], r["ratio_lo"], r["ratio_hi"],
-                                    pairs=f"{r['pairs']} pair(s)"), *_noise_of(r, timed, noisy))
+                                    pairs=f"{r['pairs']} pair(s)", n=int(r["pairs"])), *_noise_of(r, timed, noisy))
                    for r in _select(t, rule).to_dict("records")]
         elif rule.metric == "overhead_growth":
             if "growth" not in tables:
@@ -301,7 +320,7 @@ def evaluate(rules: list[Rule], df: pd.DataFrame, baseline: pd.DataFrame | str =
             t = tables.setdefault("eager", paired_vs_eager_table(df))
             t = _select(t[t["backend"] == rule.metric.split("_vs_")[0]], rule)
             got = [_with_noise(_row(rule, label(r), r["paired_vs_eager"], r["paired_vs_eager_lo"],
-                                    r["paired_vs_eager_hi"], pairs=f"{r['pairs']} pair(s)"),
+                                    r["paired_vs_eager_hi"], pairs=f"{r['pairs']} pair(s)", n=int(r["pairs"])),
                                *_noise_of(r, timed, noisy))
                    for r in t.to_dict("records")]
         rows += got or [_row(rule, NO_CASE, float("nan"), float("nan"), float("nan"), "no case matched")]

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -191,6 +192,28 @@ class Run:
             return
         write_manifest(self.dir, self.device, {"run_id": self.run_id, "command": self.command,
                                                "spec": SPEC_FILE, **extra})
+
+    def finish(self, started: float) -> None:
+        """Write the command's wall time since ``started`` (``time.perf_counter``) beside its plan:
+        ``actual_s`` of this session in ``manifest.json`` (and at the top for a first session),
+        which later runs calibrate their estimate on (:mod:`harness.cli.forecast`). Only a command
+        that finished calls it: an interrupted one leaves no ``actual_s``."""
+        path = self.dir / "manifest.json"
+        if not isinstance(self.writer, RunWriter) or not path.exists():
+            return
+        try:
+            m = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        actual = round(time.perf_counter() - started, 1)
+        sessions = m.get("sessions") or []
+        if sessions:
+            sessions[-1]["actual_s"] = actual
+        if len(sessions) <= 1:
+            m["actual_s"] = actual
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(m, indent=2, default=str))
+        tmp.replace(path)
 
     def resume_command(self) -> str:
         """The exact command that resumes this run."""

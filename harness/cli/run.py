@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import click
 
 from harness.sweep.options import timing_manifest
@@ -9,49 +12,63 @@ from harness.sweep.options import timing_manifest
 from ..spec import RunSpec
 from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
 from .common import Run, load_spec, spec_options
+from .forecast import EMBEDDED_VOCAB, calibrate, corpus_vocab, dry_run_option, plan_run
 from .report import write_report
 from .train import corpus_info, load_corpus, plan, train_runs
 
 
 @click.command("run")
 @spec_options(RunSpec)
-def run_cmd(config, **cli) -> None:
+@dry_run_option
+def run_cmd(config, dry_run, **cli) -> None:
     """Cost sweep (+ a one-seed smoke race + report). With no options: this device's default suite.
 
     Shapes: the device grid (CPU: d=64,128 x 4,8 layers), or with --preset that preset's one shape;
-    --widths and --depths override either."""
-    from harness.costs.bandwidth import record_bandwidth
-    from harness.sweep.run import run_sweep
+    --widths and --depths override either. The plan (cases, groups, models to compile, estimated
+    time and peak memory) is printed before any model is built; --dry-run prints it and exits."""
+    started = time.perf_counter()
+    import torch
+
+    from harness.costs.memory import available_bytes
+    from harness.sweep.plan import split_groups
     from harness.training.config import TrainConfig
+    from harness.training.schedule import MEMORY_FRACTION
     from workloads.config import preset
 
     spec, labels = load_spec(RunSpec, cli, config)
     cases = spec.cases()
-    opts = spec.sweep_options()
-    runs, corpus, tc = [], None, None
+    device = torch.device(spec.output.device)
+    budget = int(MEMORY_FRACTION * available_bytes(device))  # a group must fit in half the free memory
+    opts = replace(spec.sweep_options(), group_budget_bytes=budget)
+    corpus, tc, vocab = None, None, EMBEDDED_VOCAB
     if spec.race.train:  # the corpus is read before any model, so a bad --data fails first
-        corpus = load_corpus(spec.race.data, labels("race.data"))
+        if dry_run:
+            vocab = corpus_vocab(spec.race.data, labels("race.data"))
+        else:
+            corpus = load_corpus(spec.race.data, labels("race.data"))
+            vocab = corpus.vocab_size
         tc = TrainConfig(preset(RACE_PRESET), target_loss=spec.race.target_loss,
                          max_steps=spec.race.train_steps, eval_every=RACE_EVAL_EVERY)
-        runs = plan(spec.race_options(), tc, [0], corpus)
-    run = Run("run", spec)
-    from dataclasses import replace
-
-    from harness.costs.memory import available_bytes
-    from harness.sweep.plan import split_groups
-    from harness.training.schedule import MEMORY_FRACTION
-    budget = int(MEMORY_FRACTION * available_bytes(run.device))  # a group must fit in half the free memory
-    opts = replace(opts, group_budget_bytes=budget)
+    forecast = plan_run(spec, cases, opts, device, tc, spec.race_options(), vocab)
+    if dry_run:
+        calibrate(forecast, spec.output.out, device).echo()
+        click.echo("dry run: no model built, no run directory created")
+        return
+    runs = plan(spec.race_options(), tc, [0], corpus) if tc is not None else []
+    run = Run("run", spec)  # a locked or mismatched run directory fails here, in one line
+    calibrate(forecast, spec.output.out, device, exclude=run.run_id).echo()
     split = split_groups(cases, opts.paired, budget)
     run.manifest({"cases": len(cases), "timing": timing_manifest(opts),
                   "group_memory": {"budget_bytes": budget, "fraction_of_free": MEMORY_FRACTION,
                                    "split": split},
-                  "impls": impl_manifest(cases, run.device),
+                  "impls": impl_manifest(cases, run.device), "plan": forecast.manifest(run.resumed),
                   **({"corpus": corpus_info(corpus)} if corpus else {})})
     if split:
         click.echo(f"note: {len(split)} paired group(s) do not fit in {budget / 2**30:.1f} GiB by estimate "
                    "and are split into subgroups that each hold prenorm (manifest: group_memory)", err=True)
     run.announce(f"  ({len(cases)} cost cases)")
+    from harness.costs.bandwidth import record_bandwidth
+    from harness.sweep.run import run_sweep
     with run.guarded(lambda: [c.key for c in cases] + [k for *_, k in runs]):
         record_bandwidth(run.writer, run.device, opts.timing)  # once per run: the floor's bandwidth
         stats = run_sweep(cases, run.device, run.writer, opts, progress=not spec.output.quiet)
@@ -60,6 +77,7 @@ def run_cmd(config, **cli) -> None:
             train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race")
         if spec.output.report:
             write_report([run.dir])
+    run.finish(started)
 
 
 COMMANDS = (run_cmd,)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from harness.rundir.progress import describe, read_progress
 from harness.rundir.records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
                                     completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl,
                                     units)
@@ -43,7 +44,8 @@ def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]
 @click.command("status")
 @click.argument("run_dir")
 def status_cmd(run_dir) -> None:
-    """Cases done and left, aborted units, failure rows, and the command that resumes RUN_DIR."""
+    """Cases done and left, aborted units, the stage now, failure rows, and the command that resumes
+    RUN_DIR."""
     d = Path(run_dir)
     spec_path = d / SPEC_FILE
     if not d.is_dir() or not (spec_path.exists() or (d / RECORDS_FILE).exists()):
@@ -91,6 +93,9 @@ def status_cmd(run_dir) -> None:
     holder = lock_holder(d)
     click.echo("running:   " + (f"yes, pid {holder.get('pid')} on {holder.get('host')} since "
                                 f"{holder.get('started')}" if holder else "no"))
+    progress = read_progress(d)  # absent in older runs and in runs of other commands: no line
+    if progress is not None:
+        click.echo("progress:  " + describe(progress, holder))
     pending = sorted((d / PENDING_DIR).glob("*.jsonl")) if (d / PENDING_DIR).is_dir() else []
     if pending and not holder:
         rows = sum(len(read_jsonl(p)) for p in pending)

@@ -10,6 +10,7 @@ from routers.errors import ConfigError
 
 from ..spec.study import StudySpec
 from .common import Run, load_spec, spec_options
+from .forecast import calibrate, corpus_vocab, dry_run_option, plan_study
 
 
 @click.group("study")
@@ -19,13 +20,17 @@ def study_group() -> None:
 
 @study_group.command("depth")
 @spec_options(StudySpec)
-def depth_cmd(config, **cli) -> None:
+@dry_run_option
+def depth_cmd(config, dry_run, **cli) -> None:
     """Train routers at several depths over seeds, paired by seed, with the block layout held
     fixed across depths; table and figures of the loss at the token budget against block_attnres.
 
     Defaults: prenorm, rezero, layerscale, block_attnres, haares, wav_v1; depths 12,24,48 at the
     char-* presets' settings (d=512, T=256, B=32, 5000 steps), 3 seeds; --blocks 4; the embedded
-    corpus. --scale tiny: depths 4,8,16 at d=64, 200 steps, one seed, a plumbing smoke test."""
+    corpus. --scale tiny: depths 4,8,16 at d=64, 200 steps, one seed, a plumbing smoke test.
+    The plan (runs, steps, estimated time range and peak memory) is printed before any model is
+    built; --dry-run prints it and exits (the timed estimate runs only when the study does)."""
+    command_started = time.perf_counter()
     import torch
 
     from harness.timing.noise import THRESHOLDS
@@ -37,6 +42,12 @@ def depth_cmd(config, **cli) -> None:
     spec, labels = load_spec(StudySpec, cli, config)
     st = spec.study
     device = torch.device(spec.output.device)
+    if dry_run:
+        click.echo(spec.scale_label())
+        calibrate(plan_study(spec, device, corpus_vocab(st.data, labels("study.data"))),
+                  spec.output.out, device).echo()
+        click.echo("dry run: no model built, no run directory created")
+        return
     corpus = load_corpus(st.data, labels("study.data"))
     scheds = {}
     for seed, depth, group in groups(spec, corpus, device):
@@ -50,8 +61,10 @@ def depth_cmd(config, **cli) -> None:
                           f"than the {deepest['available_bytes'] / 2**30:.1f} GiB free here; lower "
                           f"{labels('study.depths')} or use {labels('study.scale')} tiny")
     runs = all_runs(spec, corpus, device)
-    run = Run("study depth", spec)
+    run = Run("study depth", spec)  # a locked or mismatched run directory fails here, in one line
     click.echo(spec.scale_label())
+    forecast = calibrate(plan_study(spec, device, corpus.vocab_size), spec.output.out, device, run.run_id)
+    forecast.echo()
     run.announce(f"  ({len(runs)} runs: {len(spec.routers.routers)} routers x {len(st.depths)} depths x "
                  f"{st.seeds} seed{'s' * (st.seeds != 1)})")
     layout, cfg = spec.layout(), spec.decoder_config(st.depths[0])
@@ -88,7 +101,7 @@ def depth_cmd(config, **cli) -> None:
                       "schedule": {str(d): s for d, s in scheds.items()}, "estimate": estimate,
                       "eval_every": st.eval_every, "max_steps": st.max_steps, "precision": st.precision,
                       "token_budget": st.max_steps * cfg.batch_size * cfg.seq_len,
-                      "metric": "loss_at_token_budget"})
+                      "metric": "loss_at_token_budget", "plan": forecast.manifest(run.resumed)})
         started = time.perf_counter()
         trainer = Trainer(run.writer, run.dir, run.device, spec.output.quiet, "study")
         for seed, depth, group in groups(spec, corpus, run.device):
@@ -105,6 +118,7 @@ def depth_cmd(config, **cli) -> None:
                                                     if k in paths))
             from .train import diagnose
             diagnose(run.dir, run.device)  # what each router learned, per depth
+    run.finish(command_started)
 
 
 COMMANDS = (study_group,)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -19,6 +20,7 @@ from routers.errors import ConfigError
 
 from ..spec import TrainSpec
 from .common import Run, load_spec, spec_options
+from .forecast import calibrate, corpus_vocab, dry_run_option, plan_train
 from .report import write_report
 
 
@@ -79,18 +81,20 @@ def pilot_target(trainer, pilot, run: Run) -> float:
 
 @click.command("train")
 @spec_options(TrainSpec)
-def train_cmd(config, **cli) -> None:
+@dry_run_option
+def train_cmd(config, dry_run, **cli) -> None:
     """Time to a target validation loss: routers x seeds, paired by seed.
 
     Defaults: --preset cpu-train, --routers prenorm,block_attnres,haares, 3 seeds, a target set by a prenorm
     pilot at half the step budget, the embedded corpus.
 
     Under torchrun (torchrun --nproc_per_node=N $(which routerbench) train ...): DistributedDataParallel
-    over N processes, --batch-size the global batch."""
+    over N processes, --batch-size the global batch. The plan (runs, steps, estimated time and peak
+    memory) is printed before any model is built; --dry-run prints it and exits."""
     from harness.training import distributed
 
     try:
-        _train(config, cli)
+        _train(config, cli, dry_run)
     except (ConfigError, click.ClickException):
         distributed.shutdown()  # every rank raised it (the checks see the same values everywhere)
         if distributed.env_rank() == 0:
@@ -99,7 +103,7 @@ def train_cmd(config, **cli) -> None:
     distributed.shutdown()
 
 
-def _train(config, cli) -> None:
+def _train(config, cli, dry_run: bool = False) -> None:
     from dataclasses import replace
 
     import torch
@@ -110,9 +114,16 @@ def _train(config, cli) -> None:
     from harness.training.schedule import Trainer, choose_schedule
     from routers import BASELINE
 
+    started = time.perf_counter()
     spec, labels = load_spec(TrainSpec, cli, config)  # checks the batch against torchrun's WORLD_SIZE
     tr = spec.training
     tc = spec.train_config()
+    if dry_run:  # no process group, no corpus built, no model, no run directory
+        if distributed.env_rank() == 0:
+            _forecast(spec, tc, torch.device(spec.output.device),
+                      corpus_vocab(tr.data, labels("training.data"))).echo()
+            click.echo("dry run: no model built, no run directory created")
+        return
     device = distributed.init(torch.device(spec.output.device))  # cuda:LOCAL_RANK under torchrun
     main = distributed.is_main()
     echo = click.echo if main else (lambda *a, **k: None)
@@ -142,7 +153,10 @@ def _train(config, cli) -> None:
                           f"{sched['available_bytes'] / 2**30:.1f} GiB free here; lower "
                           f"{labels('shape.batch_size')} or raise {labels('training.grad_accum')}, or pick a "
                           f"smaller {labels('shape.preset')}")
-    run = _open_run(spec)
+    run = _open_run(spec)  # a locked or mismatched run directory fails here, in one line
+    forecast = _forecast(spec, tc, device, corpus.vocab_size, exclude=run.run_id)
+    if main:
+        forecast.echo()
     target = ({"source": "given", "value": tr.target_loss} if pilot is None else
               {"source": "pilot", "router": pilot.router, "seed": PILOT_SEED, "fraction": tr.pilot_fraction,
                "step": pilot.stop_step})
@@ -150,7 +164,8 @@ def _train(config, cli) -> None:
     run.manifest({"corpus": corpus_info(corpus), "runs": n_runs, "seeds": seeds, "target": target,
                   "schedule": sched, "chunk": tr.chunk, "backend": tc.backend, "precision": tc.precision,
                   "grad_accum": tc.grad_accum, "eval_every": tc.eval_every,
-                  "time_to_target": TIME_TO_TARGET_METHOD, **ddp_info})
+                  "time_to_target": TIME_TO_TARGET_METHOD, "plan": forecast.manifest(run.resumed),
+                  **ddp_info})
     if main:
         run.announce(f"  ({len(runs)} run{'s' * (len(runs) != 1)}{' and a pilot' if pilot else ''}, "
                      f"{len(seeds)} seed{'s' * (len(seeds) != 1)}, schedule {sched['schedule']}"
@@ -182,6 +197,21 @@ def _train(config, cli) -> None:
         if spec.output.report and main:
             write_report([run.dir])
             diagnose(run.dir, device)
+    run.finish(started)
+
+
+def _forecast(spec, tc, device, vocab: int, exclude: str | None = None):
+    """The plan of a train spec (:func:`harness.cli.forecast.plan_train`), calibrated."""
+    from harness.training import distributed
+    tr = spec.training
+    opts = {r: dict((spec.routers.router_options or {}).get(r, {})) for r in spec.routers.routers}
+    pilot = None
+    if tr.target_from_pilot:
+        pilot = (tr.target_from_pilot, dict((spec.routers.router_options or {}).get(tr.target_from_pilot, {})),
+                 tc.pilot_stop(tr.pilot_fraction))
+    plan_ = plan_train(spec, tc, opts, list(range(tr.seeds)), device, vocab, pilot,
+                       distributed.env_world_size())
+    return calibrate(plan_, spec.output.out, device, exclude)
 
 
 def diagnose(run_dir, device) -> None:

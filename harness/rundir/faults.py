@@ -30,6 +30,12 @@ them). Kinds:
   change). It spins rather than sleeps so the process stays on the CPU as real work does, and the
   noise probe (:mod:`harness.timing.noise`, CPU utilisation) does not read the delay as an idle machine.
 
+- ``jitter=MS``: every call of the case's step first spins for MS milliseconds or not at all, at
+  random: of each two calls in a row one spins, which one by a coin seeded by the case key (so any
+  four steps in a row spread by MS), a planted noisy case: its step times spread, so its timing is
+  flagged noisy and re-timed (MEASUREMENT.md, "Noise on shared machines"), while the other cases of
+  its group are not.
+
 Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
 ``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
 
@@ -47,7 +53,7 @@ from pathlib import Path
 from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
-KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "slow")
+KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "slow", "jitter")
 
 
 def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
@@ -65,8 +71,8 @@ def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
         kind, eq, arg = kind.partition("=")
         if not sep or kind not in KINDS or (eq and not arg.isdigit()):
             raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
-        if kind == "slow" and not (eq and int(arg) > 0):
-            raise ValueError(f"{ENV}: entry {entry!r}: slow needs its delay, slow=MS:GLOB with MS > 0")
+        if kind in ("slow", "jitter") and not (eq and int(arg) > 0):
+            raise ValueError(f"{ENV}: entry {entry!r}: {kind} needs its delay, {kind}=MS:GLOB with MS > 0")
         out.append((kind, glob, int(arg) if eq else None))
     return out
 
@@ -106,15 +112,23 @@ def maybe_inject(case_key: str) -> None:
 
 
 def maybe_slow(case_key: str, step):
-    """``step`` itself, or, when ``ROUTERBENCH_FAULT`` names this case ``slow=MS``, a step that
-    spins for MS milliseconds and then calls it (a host-side delay, timed like any other work)."""
+    """``step`` itself, or, when ``ROUTERBENCH_FAULT`` names this case ``slow=MS`` (``jitter=MS``),
+    a step that spins for MS milliseconds (``jitter``: MS or 0 at random) and then calls it (a host-side delay,
+    timed like any other work)."""
     entry = fault_entry(case_key)
-    if not entry or entry[0] != "slow":
+    if not entry or entry[0] not in ("slow", "jitter"):
         return step
     delay = entry[1] / 1e3
+    spins = iter(lambda: True, None)  # slow: every call
+    if entry[0] == "jitter":
+        import itertools
+        import random
+        import zlib
+        rng = random.Random(zlib.crc32(case_key.encode()))
+        spins = itertools.chain.from_iterable((c, not c) for c in iter(lambda: rng.random() < 0.5, None))
 
     def slowed():
-        end = time.perf_counter() + delay
+        end = time.perf_counter() + delay * next(spins)
         while time.perf_counter() < end:  # spin: see the module doc
             pass
         return step()

@@ -15,7 +15,9 @@ A run directory ``results/<device-slug>/<run-id>/`` holds
   and start time;
 - ``manifest.json`` and ``spec.toml``: the environment and the resolved run spec.
 
-Schema versions: 3 (this one: the ``compile_scope`` column, in case keys too); 2 (``schema``
+Schema versions: 4 (this one: the timing columns ``pairs_with``, ``n_pairs``, ``stop`` and
+``ci_conf``, below; case keys as in 3, so a schema-3 directory is extended); 3 (the
+``compile_scope`` column, in case keys too); 2 (``schema``
 column, end markers; its compiled rows read as ``compile_scope`` ``model``, the only scope then);
 1 (no markers, a ``done.jsonl`` of finished cases). Schemas 1 and 2 are read, never extended. This module is the format and its reader; the writer
 is :mod:`harness.rundir`.
@@ -41,17 +43,25 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 #: Version of the row and marker format written by this module.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+#: The oldest schema a writer extends (its case keys are this schema's).
+EXTENDABLE_SCHEMA = 3
 
 #: Column order of every row. ``router_options`` is a JSON string; shape columns are flat.
 COLUMNS: tuple[str, ...] = (
     "schema", "run_id", "session", "resume_unit", "case_key", "router", "router_options", "impl", "backend",
     "compile_mode", "compile_scope", "mode", "workload", "d_model", "n_layers", "n_heads", "seq_len", "batch_size",
-    "dtype", "device", "seed", "repeat", "pair", "attempt", "metric", "value", "unit", "status", "error",
+    "dtype", "device", "seed", "repeat", "pair", "attempt", "pairs_with", "n_pairs", "stop", "ci_conf", "metric", "value", "unit", "status",
+    "error",
 )
 #: ``unit`` is the unit of measure (``ms``, ``bytes``); ``resume_unit`` names the unit of resume
 #: whose end marker covers the row; ``attempt`` numbers the timings of a group re-measured because
-#: it was noisy (1, 2, …; empty in rows written before re-measuring existed, meaning 1).
+#: it was noisy (1, 2, …; empty in rows written before re-measuring existed, meaning 1). On
+#: ``step_time`` rows of a timing (schema 4): ``n_pairs`` is the pairs (rounds) of the attempt,
+#: ``stop`` why its timing stopped (``fixed``, ``precise``, ``budget``, ``max_rounds``:
+#: :data:`harness.stats.sequential.STOP_REASONS`), ``ci_conf`` the level of the stopping rule's
+#: interval (empty for fixed rounds: the report's bootstrap at 95 %), and ``pairs_with`` the case key
+#: a row of a re-timed case's partner (its prenorm, its eager twin) pairs with; empty otherwise.
 
 #: Allowed values of the ``status`` column.
 STATUSES = ("ok", "oom", "error", "skipped", "not_converged", "diverged")
@@ -274,9 +284,12 @@ def schema_of(path: Path) -> int:
 
 def upgraded(row: dict[str, Any]) -> dict[str, Any]:
     """A row of an older schema with this schema's columns: ``compile_scope`` is ``model`` for a
-    compiled row of schema 2 or 1 (the only scope then), empty otherwise."""
+    compiled row of schema 2 or 1 (the only scope then), empty otherwise; the timing columns of
+    schema 4 empty."""
     if "compile_scope" not in row:
         row["compile_scope"] = "model" if row.get("backend") == "compile" else None
+    for c in ("pairs_with", "n_pairs", "stop", "ci_conf"):  # schema < 4
+        row.setdefault(c, None)
     return row
 
 

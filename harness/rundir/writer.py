@@ -24,7 +24,7 @@ from routers.errors import ConfigError
 
 from . import faults
 from .lock import make_run_dir, take_lock
-from .records import (ABORTED_DIR, END, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE, SCHEMA_VERSION,
+from .records import (ABORTED_DIR, END, EXTENDABLE_SCHEMA, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE, SCHEMA_VERSION,
                       aborted_summary, completed_cases, end_of_last_unit, json_default, make_row, schema_of)
 
 __all__ = ["DiskFullError", "MemoryWriter", "NullRunWriter", "RunWriter", "StagingWriter", "Unit"]
@@ -237,7 +237,7 @@ class RunWriter:
         self._n_units = 0
         self.resumed = self.records.exists()
         make_run_dir(self.run_dir, out_option)
-        if self.resumed and schema_of(self.records) < SCHEMA_VERSION:
+        if self.resumed and schema_of(self.records) < EXTENDABLE_SCHEMA:
             raise ConfigError(f"--run-id {run_id}: {self.run_dir} holds records of schema "
                               f"{schema_of(self.records)} (an older routerbench, whose case keys differ); they "
                               "can be reported but not extended: choose another --run-id")

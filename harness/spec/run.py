@@ -57,7 +57,19 @@ class Sweep:
 class Timing:
     """How step times are taken (``[timing]``)."""
 
-    repeats: int | None = option("int", "Timed steps kept per case (default: 10).", min=1)
+    repeats: int | None = option("int", "Timed steps kept per case, a fixed number of rounds (default: 10; "
+                                 "not with --precision-target).", min=1)
+    precision_target: float | None = option(
+        "float", "Time in rounds until every paired ratio's interval (the stopping rule's own, "
+        "MEASUREMENT.md) is within this relative half-width, e.g. 0.03 for ±3 %, or the group's "
+        "budget is spent (default: off, fixed --repeats).", min=0, min_open=True, max=1)
+    group_budget_s: float | None = option("float", "With --precision-target: seconds of timing one "
+                                          "group may spend, its first look included (default: 600).",
+                                          min=0, min_open=True)
+    min_pairs: int | None = option("int", "With --precision-target: pairs before the first look "
+                                   "(even; default: 10).", min=2)
+    max_rounds: int | None = option("int", "With --precision-target: rounds of one group at most; "
+                                    "the last look (default: 400).", min=2)
     warmup_s: float | None = option("float", "Minimum warm-up seconds per case, within 3 to 200 warm-up "
                                     "steps (default: 0.5).", min=0)
     paired: bool | None = option("bool", "Time the routers of each backend, mode and shape interleaved "
@@ -140,6 +152,22 @@ class RunSpec:
         if given(sw, "case_timeout") and not sw.isolate:
             raise ConfigError(f"{L('sweep.case_timeout')} needs --isolate (a hang can only be ended in a "
                               "subprocess); add --isolate or drop it")
+        precise = t.precision_target is not None
+        if precise and given(t, "repeats"):
+            raise ConfigError(f"{L('timing.repeats')} fixes the rounds and {L('timing.precision_target')} "
+                              "times until the ratios are precise; drop one of them")
+        for name in ("group_budget_s", "min_pairs", "max_rounds"):
+            if given(t, name) and not precise:
+                raise ConfigError(f"{L('timing.' + name)} has no effect without "
+                                  f"{L('timing.precision_target')}; add it or drop {L('timing.' + name)}")
+        if precise and t.paired is False:
+            raise ConfigError(f"{L('timing.precision_target')} is a target for paired ratios: it needs "
+                              "--paired; drop --no-paired")
+        min_pairs = (t.min_pairs or 10) + (t.min_pairs or 10) % 2 if precise else None
+        max_rounds = (t.max_rounds or 400) if precise else None
+        if precise and max_rounds < min_pairs:
+            raise ConfigError(f"{L('timing.max_rounds')} {max_rounds} is below {L('timing.min_pairs')} "
+                              f"{min_pairs}: the first look would come after the last round")
         if given(t, "pair_order") and t.paired is False:
             raise ConfigError(f"{L('timing.pair_order')} has no effect with --no-paired; drop one of them")
         train = race.train is not False
@@ -174,7 +202,9 @@ class RunSpec:
                           compile_scope=(sw.compile_scope or (DEFAULT_COMPILE_SCOPE,)) if uses_compile else None,
                           flops=sw.flops is not False, isolate=isolate,
                           case_timeout=(sw.case_timeout or 900.0) if isolate else None),
-            timing=replace(t, repeats=t.repeats or 10, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
+            timing=replace(t, repeats=None if precise else (t.repeats or 10),
+                           group_budget_s=(t.group_budget_s or 600.0) if precise else None,
+                           min_pairs=min_pairs, max_rounds=max_rounds, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
                            paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None,
                            remeasure_s=60.0 if t.remeasure_s is None else t.remeasure_s,
                            max_attempts=t.max_attempts or 3, noise_thresholds=thresholds),
@@ -201,7 +231,10 @@ class RunSpec:
 
     def sweep_options(self) -> SweepOptions:
         t, sw = self.timing, self.sweep
-        return SweepOptions(flops=sw.flops, timing=TimingPolicy(repeats=t.repeats, warmup_min_s=t.warmup_s),
+        return SweepOptions(flops=sw.flops, timing=TimingPolicy(repeats=t.repeats or t.min_pairs or 10,
+                                                                warmup_min_s=t.warmup_s),
+                            precision_target=t.precision_target, group_budget_s=t.group_budget_s or 600.0,
+                            min_pairs=t.min_pairs or 10, max_rounds=t.max_rounds or 400,
                             paired=t.paired, pair_order=t.pair_order or "ABBA", isolate=sw.isolate,
                             case_timeout=sw.case_timeout or 900.0,
                             remeasure_s=60.0 if t.remeasure_s is None else t.remeasure_s,

@@ -1,8 +1,11 @@
 """``--isolate``: each unit of a sweep in a child process (``multiprocessing`` spawn, so the pairing
 of a group is kept).
 
-The child writes its rows to the unit's pending file and reports progress per case; a child that
-dies (a crash in a compiled or captured graph) or makes no progress for ``--case-timeout`` seconds
+The child writes its rows to the unit's pending file and sends every heartbeat of its unit
+(:class:`harness.sweep.prepare.Heartbeat`: each stage of each case's set-up, the timing's looks) to
+the parent as ``("beat", stage, weight, info)``; the parent passes it on to its own heartbeat (the
+run's progress, :class:`harness.rundir.progress.Progress`) and gives the child ``weight`` ×
+``--case-timeout`` seconds until the next one. A child that dies (a crash in a compiled or captured graph) or makes no progress for ``--case-timeout`` seconds
 (a hang) is killed, its unit abandoned, and its cases re-run one by one in fresh children to pin
 the failure on its case, which becomes an ``error`` row.
 """
@@ -19,6 +22,7 @@ from harness.rundir.writer import RunWriter, StagingWriter
 
 from .cases import Case
 from .options import SweepOptions
+from .prepare import Heartbeat, no_beat
 from .unit import measure_unit
 
 #: Seconds a child under ``--isolate`` may take to start (import torch) on top of ``--case-timeout``.
@@ -35,14 +39,19 @@ def _child_main(todo, device: str, path: str, base: dict, run_dir: str, opts: Sw
         pass
     from pathlib import Path
     w = StagingWriter(Path(path), base, Path(run_dir))
-    statuses = measure_unit(todo, torch.device(device), w, opts,
-                            heartbeat=lambda label, weight: conn.send(("beat", label, weight)))
+
+    def beat(stage: str, weight: int = 1, **info) -> None:
+        conn.send(("beat", stage, weight, info))
+
+    statuses = measure_unit(todo, torch.device(device), w, opts, heartbeat=beat)
     conn.send(("done", statuses))
 
 
-def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts: SweepOptions
-                ) -> tuple[dict[str, str] | None, str | None]:
-    """Run one unit in a spawned child; ``(statuses, None)`` or ``(None, what went wrong)``."""
+def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts: SweepOptions,
+                beat: Heartbeat = no_beat) -> tuple[dict[str, str] | None, str | None]:
+    """Run one unit in a spawned child, passing its heartbeats on to ``beat``; ``(statuses, None)``
+    or ``(None, what went wrong)``."""
+    beat("spawn", 1, text=f"starting a child process for {len(todo)} case{'s' * (len(todo) > 1)} (--isolate)")
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_child_main, daemon=True,
@@ -62,6 +71,10 @@ def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts:
                     p.join(30)
                     return msg[1], None
                 deadline = time.monotonic() + opts.case_timeout * msg[2]
+                try:
+                    beat(msg[1], msg[2], **(msg[3] if len(msg) > 3 else {}))
+                except Exception:  # noqa: BLE001 - progress must never end a unit
+                    pass
             elif not p.is_alive():
                 return None, _death(p.exitcode)
             elif time.monotonic() > deadline:
@@ -83,12 +96,15 @@ def _death(code: int | None) -> str:
 
 
 def run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunWriter,
-                  opts: SweepOptions) -> dict[str, str]:
-    """One unit under ``--isolate``; after a crash or a hang, its cases one by one."""
+                 opts: SweepOptions, heartbeat: Heartbeat | None = None) -> dict[str, str]:
+    """One unit under ``--isolate``; after a crash or a hang, its cases one by one (announced by a
+    ``retry`` heartbeat). ``heartbeat`` receives a ``spawn`` beat per child and the children's
+    heartbeats."""
+    beat = heartbeat or no_beat
     kind = "group" if len(todo) > 1 else "case"
     u = run.unit([c.key for c, _ in todo], kind=kind)
     try:
-        statuses, failure = _spawn_unit(todo, device, u, opts)
+        statuses, failure = _spawn_unit(todo, device, u, opts, beat)
     except BaseException as exc:
         u.abandon(f"{type(exc).__name__}: {exc}")
         raise
@@ -97,11 +113,13 @@ def run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunWr
         return statuses
     u.abandon(f"{failure} (under --isolate, {len(todo)} case(s))")
     out: dict[str, str] = {}
+    if len(todo) > 1:
+        beat("retry", 1, text=f"{failure} (under --isolate): running its {len(todo)} cases one by one")
     for case, first in todo:
         if len(todo) > 1:
             u1 = run.unit([case.key], kind="case")
             try:
-                st, fail = _spawn_unit([(case, first)], device, u1, opts)
+                st, fail = _spawn_unit([(case, first)], device, u1, opts, beat)
             except BaseException as exc:
                 u1.abandon(f"{type(exc).__name__}: {exc}")
                 raise

@@ -35,7 +35,14 @@ class SweepOptions:
             process is killed as hung.
         remeasure_s: seconds a noisy group (:mod:`harness.timing.noise`) may spend being timed again,
             its steps held: another attempt starts only when one more (as long as the last) fits.
-        max_attempts: timings of one group at most (1: never re-measure).
+        max_attempts: timings of one case at most, the first included (1: never re-measure).
+        precision_target: None: ``timing.repeats`` rounds per group (fixed). Else the relative
+            half-width every paired ratio of a group is timed down to, under the stopping rule of
+            :mod:`harness.stats.sequential` (looks after whole ABBA cycles at pre-set pair counts,
+            each look's interval at the corrected level).
+        group_budget_s: with a precision target, seconds of timed rounds one group may spend.
+        min_pairs: with a precision target, the first look's pairs (even).
+        max_rounds: with a precision target, the last look's pairs.
         noise_thresholds: the thresholds of :data:`harness.timing.noise.THRESHOLDS` to re-measure by.
         group_budget_bytes: a paired group estimated above this many bytes is split into
             subgroups that each hold prenorm (:func:`harness.sweep.plan.split_group`); None: never.
@@ -52,6 +59,10 @@ class SweepOptions:
     max_attempts: int = 3
     noise_thresholds: dict = field(default_factory=lambda: dict(THRESHOLDS))
     group_budget_bytes: int | None = None
+    precision_target: float | None = None
+    group_budget_s: float = 600.0
+    min_pairs: int = 10
+    max_rounds: int = 400
 
 
 def timing_manifest(opts: "SweepOptions") -> dict[str, Any]:
@@ -61,4 +72,7 @@ def timing_manifest(opts: "SweepOptions") -> dict[str, Any]:
             "pair_order": opts.pair_order if opts.paired else None,
             "repeats": t.repeats, "warmup_min_count": t.warmup_min_count,
             "warmup_min_s": t.warmup_min_s, "remeasure_s": opts.remeasure_s,
-            "max_attempts": opts.max_attempts, "noise_thresholds": dict(opts.noise_thresholds)}
+            "max_attempts": opts.max_attempts, "noise_thresholds": dict(opts.noise_thresholds),
+            "precision_target": opts.precision_target,
+            **({"group_budget_s": opts.group_budget_s, "min_pairs": opts.min_pairs,
+                "max_rounds": opts.max_rounds} if opts.precision_target is not None else {})}

@@ -238,6 +238,11 @@ PARITY_TOKENS = 128
 _PARITY: dict[tuple, object] = {}
 
 
+def needs_parity(case: Case) -> bool:
+    """Whether :func:`check_parity` checks ``case``: an impl other than ``naive`` of a block router."""
+    return case.router in impls.BLOCK_ROUTERS and case.impl != "naive"
+
+
 def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | None:
     """Before an impl other than ``naive`` of a block router is timed, check it against ``naive``
     at the case's width, depth, dtype and device on one sequence of at most
@@ -248,7 +253,7 @@ def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | No
     Returns:
         None when the case may be timed, else why not (``parity failed: …``).
     """
-    if case.router not in impls.BLOCK_ROUTERS or case.impl == "naive":
+    if not needs_parity(case):
         return None
     cfg, backward = case.cfg, case.mode in BACKWARD_MODES
     # The router mixes over depth per token: one sequence of at most PARITY_TOKENS tokens has every

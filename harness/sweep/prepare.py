@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, Protocol
 
 import torch
 
@@ -37,9 +37,35 @@ from .options import SweepOptions
 
 #: A warm step: one call runs one step of the case's mode on its backend.
 Step = Callable[[], object]
-#: Called with a label and a weight (how many cases' time the next phase may take) before each
-#: phase of a unit; ``--isolate`` uses it as a progress signal.
-Heartbeat = Callable[[str, int], None]
+
+
+class Heartbeat(Protocol):
+    """Called before each phase of a unit: ``beat(stage, weight, **info)``.
+
+    ``stage`` is a short name (``case``, ``parity``, ``build``, ``count``, ``saved_activation``,
+    ``compile``, ``capture``, ``peak_memory``, ``warmup``, ``prepared``, ``timing``), ``weight``
+    how many cases' time the next phase may take, and ``info`` JSON-able fields: ``text`` (a
+    sentence for a person), ``case`` (the case key), ``k`` and ``n`` (model k of the group's n),
+    and any other. :func:`harness.sweep.run.run_sweep` records each beat as a progress event
+    (:class:`harness.rundir.progress.Progress`); under ``--isolate`` the child sends them to the
+    parent, which also takes ``weight`` × ``--case-timeout`` as the deadline of the next beat
+    (:mod:`harness.sweep.isolate`).
+    """
+
+    def __call__(self, stage: str, weight: int = 1, **info: Any) -> None: ...
+
+
+def no_beat(stage: str, weight: int = 1, **info: Any) -> None:
+    """The :class:`Heartbeat` that tells nobody."""
+
+
+def case_label(case: Case) -> str:
+    """``haares two_phase compile, layer scope``: what tells the cases of a group apart, for
+    progress texts."""
+    backend = case.backend
+    if case.compile_mode and case.compile_mode != "default":
+        backend += f":{case.compile_mode}"
+    return f"{case.router} {case.impl} {backend}" + (f", {case.compile_scope} scope" if case.compile_scope else "")
 
 
 def build_model(case: Case, device: torch.device) -> Decoder:
@@ -93,8 +119,14 @@ class Setup(NamedTuple):
 
 
 def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOptions,
-                 count_flops: bool = True) -> Setup:
+                 count_flops: bool = True, heartbeat: Heartbeat | None = None, k: int = 1,
+                 n: int = 1) -> Setup:
     """Set one case up to be timed, writing its rows to ``w`` as they are measured.
+
+    ``heartbeat`` (:class:`Heartbeat`, weight 1) is called before each stage that runs: ``parity``
+    (an impl other than naive, before the model is built), ``build``, ``count`` (with
+    ``count_flops``), ``saved_activation``, ``compile`` or ``capture``, ``peak_memory`` and
+    ``warmup``; its texts name the case as model ``k`` of the group's ``n``.
 
     Rows: ``parity_error`` (an impl other than naive), ``params_matrix`` / ``params_router``;
     with ``count_flops`` the router's cost models and (``opts.flops``) its FLOPs; with
@@ -106,22 +138,31 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
         :class:`Setup`: ``ok`` and the warm step, or ``skipped`` / ``error`` / ``oom`` and why.
     """
     cols = case.columns()
+    label = f"model {k} of {n} ({case_label(case)})"
+
+    def beat(stage: str, text: str) -> None:
+        (heartbeat or no_beat)(stage, 1, text=text, case=case.key, k=k, n=n)
+
     reason = backends.unavailable_reason(case.backend, case.compile_mode, device) or impl_unavailable(case, device)
     if reason:
         w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
         return Setup("skipped", error=reason)
     try:
         faults.maybe_inject(case.key)  # the test hook (harness/rundir/faults.py); a no-op unless set
+        if parity.needs_parity(case):
+            beat("parity", f"checking parity of {label} against naive")
         why = parity.check_parity(case, device, w)
         if why is not None:
             return Setup("error", error=why)
+        beat("build", f"building {label}")
         model = build_model(case, device)
-        n = parameter_counts(model)
-        w.write(**cols, metric="params_matrix", value=n["matrix"], unit="count")
-        w.write(**cols, metric="params_router", value=n["router"], unit="count")
+        params = parameter_counts(model)
+        w.write(**cols, metric="params_matrix", value=params["matrix"], unit="count")
+        w.write(**cols, metric="params_router", value=params["router"], unit="count")
         x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
                                seed=case.seed, device=device)
         if count_flops:
+            beat("count", f"counting {'FLOPs' if opts.flops else 'cost models'} of {label}")
             # lean's FLOPs are its naive twin's (fvcore cannot see into its Functions); its state
             # and traffic models are its own (a peer kernel's traffic is opaque: its twin's)
             lean = getattr(model.router, "lean", False)
@@ -129,12 +170,15 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
             if opts.flops and lean:
                 counts.measure_recompute(case, model, x, w)
         if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
+            beat("saved_activation", f"measuring saved activations of {label}")
             # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
             model.train()
             saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
             w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
         decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
         counted = backends.compile_counters() if case.backend == "compile" else None
+        if case.backend == "compile":
+            beat("compile", f"compiling {label}")
         prepared = backends.prepare(model, case.backend, case.compile_mode, case.compile_scope)
         step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs,
                          decode_input=decode_input)
@@ -142,12 +186,15 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
             w.write(**cols, metric="compile_time", value=backends.first_call_seconds(step, device), unit="s")
             w.write(**cols, metric="graph_breaks", value=backends.graph_breaks(), unit="count")
         elif case.backend == "cudagraph":
+            beat("capture", f"capturing {label} in a CUDA graph")
             step = GraphedStep(model, case.mode, x, y, decode_input=decode_input)
             w.write(**cols, metric="capture_time", value=step.capture_time_s, unit="s")
         if opts.memory and device.type == "cuda":
+            beat("peak_memory", f"measuring CUDA peak memory of {label}")
             for metric, value in cuda_peak_memory(step, device).items():
                 w.write(**cols, metric=metric, value=value, unit="bytes" if "peak" in metric else "count")
         step = faults.maybe_slow(case.key, step)
+        beat("warmup", f"warming up {label}")
         warm_up(step, device, opts.timing)
         if counted is not None:  # the compile's graphs and caches, its warm-up's recompiles included
             regions = len(model.regions.roles) + 2 if model.regions is not None else 1
@@ -241,20 +288,24 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
 
     Args:
         todo: (case, count its router's FLOPs here) for each case of the group.
-        heartbeat: see :data:`Heartbeat`.
+        heartbeat: see :class:`Heartbeat`: ``case`` before each case, the stages of
+            :func:`prepare_case`, then ``prepared`` with its ``status``.
 
     Yields:
         the :class:`PreparedGroup`. On exit its steps are dropped and, on CUDA, the cache emptied.
     """
-    beat = heartbeat or (lambda label, weight: None)
+    beat = heartbeat or no_beat
     cases = [c for c, _ in todo]
     group = PreparedGroup()
     try:
         with compile_group(cases):
-            for case, first in todo:
-                beat(case.key, 1)
+            for k, (case, first) in enumerate(todo, 1):
+                at = dict(case=case.key, k=k, n=len(todo))
+                beat("case", 1, text=f"setting up model {k} of {len(todo)} ({case_label(case)})", **at)
                 cw = NetOfResident(w, device) if group.steps and device.type == "cuda" else w
-                got = prepare_case(case, device, cw, opts, count_flops=first)
+                got = prepare_case(case, device, cw, opts, count_flops=first, heartbeat=beat, k=k, n=len(todo))
+                beat("prepared", 1, text=f"model {k} of {len(todo)} ({case_label(case)}) set up: {got.status}",
+                     status=got.status, **({"error": got.error[:300]} if got.error else {}), **at)
                 group.status[case.key] = got.status
                 if got.step is not None:
                     group.steps[case.key] = got.step

@@ -21,15 +21,19 @@ def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: Staging
 
     Args:
         todo: (case, count its router's FLOPs here) for each case of the unit.
-        heartbeat: called before each phase (:data:`harness.sweep.prepare.Heartbeat`).
+        heartbeat: called before each phase (:class:`harness.sweep.prepare.Heartbeat`): the set-up's
+            stages (:func:`harness.sweep.prepare.prepare_group`), then ``timing`` as the timing
+            starts and at its looks (:func:`harness.sweep.timed.time_group`).
 
     Returns:
         case key -> final status (``ok``, ``oom``, ``error`` or ``skipped``).
     """
-    beat = heartbeat or (lambda label, weight: None)
+    beat = heartbeat or prepare.no_beat
     cases = [c for c, _ in todo]
     with prepare.prepare_group(todo, device, w, opts, beat) as group:
         if group.steps:
-            beat("timing", len(group.steps))
-            group.status.update(timed.time_group(cases, group.steps, device, w, opts).status)
+            n = len(group.steps)
+            beat("timing", n, text=f"timing {n} warm step{'s' * (n > 1)}" + (" interleaved" if n > 1 else ""),
+                 n=n)
+            group.status.update(timed.time_group(cases, group.steps, device, w, opts, beat=beat).status)
         return dict(group.status)

@@ -1,0 +1,216 @@
+"""The plan ``run``, ``train`` and ``study depth`` print before they build a model, and
+``--dry-run``, which prints it and exits.
+
+A plan is four lines: what will run (cases, groups, models to compile; training runs and steps),
+the estimated time range with its calibration, the range by part, and the estimated peak memory.
+Its numbers come from shapes alone (:mod:`harness.sweep.forecast`, :mod:`harness.training.forecast`;
+the estimate model and its constants: :mod:`harness.costs.forecast`), scaled by the median
+actual/estimate ratio of earlier runs of this device under the same results root
+(:func:`harness.costs.forecast.calibration`). The manifest keeps the plan (``plan``:
+``estimate_s``, ``uncalibrated_s``, ``parts``, ``calibration``, ``peak_bytes``) and, when the
+command finishes, the wall time beside it (``actual_s``, :meth:`harness.cli.common.Run.finish`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from harness.costs import forecast as fc
+
+from .common import DEFAULT_OUT
+
+#: The embedded stdlib corpus keeps printable ASCII and newline (``workloads.data``): a dry run
+#: plans with this vocabulary instead of building the corpus.
+EMBEDDED_VOCAB = 96
+
+
+def dry_run_option(f: Callable) -> Callable:
+    """``--dry-run``: a command-line flag only (never in ``spec.toml``)."""
+    return click.option("--dry-run", "dry_run", is_flag=True, default=False,
+                        help="Print the plan (cases, groups, models to compile, estimated time range and "
+                             "peak memory) and exit: no model is built, no run directory created.")(f)
+
+
+def corpus_vocab(data: str | None, label: str) -> int:
+    """The vocabulary of the corpus at ``data`` (opened and checked, nothing built), else of the
+    embedded corpus (:data:`EMBEDDED_VOCAB`, its bound)."""
+    if not data:
+        return EMBEDDED_VOCAB
+    from workloads.data import CharCorpus
+    return CharCorpus.open(data, label).vocab_size
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'s' * (k != 1)}"
+
+
+@dataclass
+class Plan:
+    """A command's plan: its first line, the parts of its estimate (seconds, uncalibrated), how
+    they are shown, the peak memory and the calibration."""
+
+    command: str
+    head: str
+    parts: dict[str, fc.Span]
+    shown: list[tuple[str, tuple[str, ...], tuple[str, tuple[str, ...]] | None]]
+    note: str
+    peak_bytes: int
+    peak_what: str
+    calibration: dict | None = None
+    details: dict = field(default_factory=dict)
+
+    @property
+    def factor(self) -> float:
+        return self.calibration["factor"] if self.calibration else 1.0
+
+    @property
+    def uncalibrated(self) -> fc.Span:
+        return fc.add((0.0, 0.0), *self.parts.values())
+
+    @property
+    def estimate(self) -> fc.Span:
+        return fc.scale(self.uncalibrated, self.factor)
+
+    def span(self, names: tuple[str, ...]) -> fc.Span:
+        return fc.scale(fc.add((0.0, 0.0), *(self.parts[n] for n in names if n in self.parts)), self.factor)
+
+    def lines(self) -> list[str]:
+        items = []
+        for label, names, sub in self.shown:
+            if not any(n in self.parts for n in names):
+                continue
+            text = f"{label} {fc.fmt_span(self.span(names))}"
+            if sub is not None:
+                text += f" ({sub[0]}: {fc.fmt_span(self.span(sub[1]))})"
+            items.append(text)
+        return [self.head,
+                f"estimate: {fc.fmt_span(self.estimate)} ({fc.describe_calibration(self.calibration)}; "
+                f"{self.note})",
+                "  " + ", ".join(items),
+                f"peak memory (estimate): {fc.fmt_bytes(self.peak_bytes)} ({self.peak_what})"]
+
+    def echo(self) -> None:
+        for line in self.lines():
+            click.echo(line)
+
+    def manifest(self, resumed: bool = False) -> dict:
+        """The manifest's ``plan``: ranges as ``[low, high]`` seconds."""
+        r = lambda s: [round(s[0], 1), round(s[1], 1)]  # noqa: E731
+        return {"estimate_s": r(self.estimate), "uncalibrated_s": r(self.uncalibrated),
+                "parts": {k: r(v) for k, v in self.parts.items()}, "calibration": self.calibration,
+                "peak_bytes": self.peak_bytes, "resumed": resumed, "summary": self.lines(), **self.details}
+
+
+def calibrate(plan: Plan, out: str | None, device, exclude: str | None = None) -> Plan:
+    """``plan`` with the calibration of earlier runs under ``out/<device slug>`` (``exclude``: the
+    run id of this run, which a resumed run's own manifest must not calibrate)."""
+    from harness.rundir.environment import device_slug
+    root = Path(out or DEFAULT_OUT) / device_slug(device)
+    earlier = [m for m in fc.read_manifests(root) if m.get("run_id") != exclude]
+    plan.calibration = fc.calibration(earlier, plan.command)
+    return plan
+
+
+def _device_name(device) -> str | None:
+    if device.type != "cuda":
+        return None
+    from harness.rundir.environment import device_name
+    return device_name(device)
+
+
+def plan_run(spec, cases, opts, device, race_tc=None, race_options=None, vocab: int = EMBEDDED_VOCAB) -> Plan:
+    """The plan of ``routerbench run``: the sweep, the smoke race (``race_tc`` None: none), the report."""
+    from harness.sweep.forecast import forecast_sweep
+    name = _device_name(device)
+    sw = forecast_sweep(cases, opts, device.type, name)
+    parts = dict(sw.parts)
+    singles = sum(n == 1 for n in sw.units)
+    if opts.paired:
+        groups = _n(sw.groups, "group") + " (paired)" + (f" and {_n(singles, 'single case')}" if singles else "")
+    else:
+        groups = f"{_n(len(sw.units), 'unit')} (unpaired: one case each)"
+    head = f"plan: {_n(sw.cases, 'cost case')} in {groups}, {_n(sw.compiled, 'model')} to compile"
+    peak, what = sw.peak_bytes, f"group {sw.peak_unit + 1}: {_n(sw.peak_cases, 'case')} resident"
+    details = {"sweep": sw.manifest()}
+    if race_tc is not None:
+        from harness.training.forecast import PlannedRun, forecast_training
+        runs = [PlannedRun(r, o, race_tc, race_tc.max_steps) for r, o in race_options.items()]
+        tr = forecast_training(runs, vocab, device.type, name, schedule="sequential")
+        parts["race"] = tr.total
+        head += f"; smoke race: {len(runs)} runs x {race_tc.max_steps} steps"
+        details["race"] = tr.manifest()
+        if tr.peak_bytes > peak:
+            peak, what = tr.peak_bytes, "smoke race: one run"
+    if spec.output.report:
+        parts["report"] = fc.REPORT_S
+    sub = (f"compile {_n(sw.compiled, 'model')}", ("compile",)) if sw.compiled else None
+    shown = [("set-up", ("setup", "compile"), sub), ("timing", ("timing",), None),
+             ("race", ("race",), None), ("report", ("report",), None)]
+    return Plan("run", head, parts, shown, f"timing: {sw.rounds}", peak, what, details=details)
+
+
+def _training_shown(tr) -> list:
+    sub = (f"compile {_n(tr.compiled, 'model')}", ("compile",)) if tr.compiled else None
+    return [("set-up", ("setup", "compile"), sub), ("steps", ("steps",), None),
+            ("evaluations", ("evals",), None), ("report", ("report",), None)]
+
+
+def _schedule_words(tr, held: str) -> tuple[str, str]:
+    """(the schedule in words, what the peak memory holds)."""
+    kinds = sorted(set(tr.schedules.values()) - {"alone"}) or ["sequential"]
+    inter = "interleaved" in kinds
+    return "/".join(kinds), (f"{held}, interleaved" if inter else "one run at a time")
+
+
+def plan_train(spec, tc, options: dict[str, dict], seeds: list[int], device, vocab: int,
+               pilot: tuple[str, dict, int] | None = None, world_size: int = 1) -> Plan:
+    """The plan of ``routerbench train``: ``pilot`` is ``(router, options, stop step)`` or None."""
+    from harness.costs.memory import available_bytes
+    from harness.training.forecast import PlannedRun, forecast_training
+    runs = [PlannedRun(r, o, tc, tc.max_steps, group=s) for s in seeds for r, o in options.items()]
+    if pilot is not None:
+        runs.insert(0, PlannedRun(pilot[0], pilot[1], tc, pilot[2], group="pilot"))
+    tr = forecast_training(runs, vocab, device.type, _device_name(device), spec.training.schedule,
+                           available_bytes(device), world_size)
+    sched, what = _schedule_words(tr, f"the {len(options)} runs of a seed")
+    pilot_words = f" and a {pilot[0]} pilot to step {pilot[2]}" if pilot else ""
+    head = (f"plan: {_n(len(runs) - bool(pilot), 'training run')} ({_n(len(options), 'router')} x "
+            f"{_n(len(seeds), 'seed')}){pilot_words}, {tr.steps} steps, schedule {sched}, "
+            f"{_n(tr.compiled, 'model')} to compile")
+    parts = dict(tr.parts)
+    if spec.output.report:
+        parts["report"] = fc.REPORT_S
+    note = f"at most {tc.max_steps} steps a run" + (", fewer with --stop-at-target" if tc.stop_at_target else "")
+    return Plan("train", head, parts, _training_shown(tr), note, tr.peak_bytes, what,
+                details={"training": tr.manifest()})
+
+
+def plan_study(spec, device, vocab: int) -> Plan:
+    """The plan of ``routerbench study depth``: the timed estimate it makes first, then the runs."""
+    from harness.costs.memory import available_bytes
+    from harness.training.forecast import PlannedRun, forecast_training, probe_seconds
+    st, name = spec.study, _device_name(device)
+    runs, probe = [], (0.0, 0.0)
+    for seed in range(st.seeds):
+        for depth in st.depths:
+            tc = spec.train_config(depth)
+            for r, o in spec.options_at(depth).items():
+                runs.append(PlannedRun(r, o, tc, tc.max_steps, group=(seed, depth)))
+                if not seed:
+                    probe = fc.add(probe, probe_seconds(runs[-1], min(st.estimate_steps, tc.max_steps),
+                                                        vocab, device.type, name))
+    tr = forecast_training(runs, vocab, device.type, name, st.schedule, available_bytes(device))
+    routers = spec.routers.routers
+    sched, what = _schedule_words(tr, f"the {len(routers)} runs of a seed and depth")
+    head = (f"plan: {_n(len(runs), 'study run')} ({_n(len(routers), 'router')} x {_n(len(st.depths), 'depth')} x "
+            f"{_n(st.seeds, 'seed')}), {tr.steps} steps, schedule {sched}, {_n(tr.compiled, 'model')} to compile")
+    parts = {"estimate": probe, **tr.parts}
+    if spec.output.report:
+        parts["report"] = fc.REPORT_S
+    shown = [("timed estimate", ("estimate",), None), *_training_shown(tr)]
+    return Plan("study depth", head, parts, shown, f"{st.max_steps} steps a run", tr.peak_bytes, what,
+                details={"training": tr.manifest(), "estimate_steps": st.estimate_steps})
