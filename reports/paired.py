@@ -262,15 +262,20 @@ def paired_scope_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
 def noise_by_case(df: pd.DataFrame, thresholds: dict | None = None,
                   by_session: bool = False) -> dict:
     """case key -> why its last timing was noisy (:func:`harness.timing.noise.noise_reasons` of its
-    noise readings under ``thresholds``, default :data:`harness.timing.noise.THRESHOLDS`); quiet cases
+    noise readings under ``thresholds``, default :data:`harness.timing.noise.THRESHOLDS`; a timing
+    that stopped ``precise`` is judged by the machine's readings alone); quiet cases
     and cases without readings (records from before noise was measured) are absent. Readings of
     different sessions are judged apart (a benchmark JSON times prenorm once per benchmark, each
     its own session): with ``by_session`` the keys are ``(case key, session)``, else a case's
     reasons are those of every session where it was noisy."""
     readings = df[df["metric"].isin(list(noise.UNITS)) & (df["status"] == "ok") & df["value"].notna()]
+    stops = df[(df["metric"] == "step_time") & (df["stop"] == "precise")] if "stop" in df else df.iloc[:0]
+    precise = set(zip(stops["case_key"], stops["session"], stops["attempt"]))
     out: dict = {}
     for (key, session), g in readings.groupby(["case_key", "session"], sort=False):
-        reasons = noise.noise_reasons(dict(zip(g["metric"], g["value"])), thresholds or noise.THRESHOLDS)
+        last = g["attempt"].max() if "attempt" in g else None
+        reasons = noise.noise_reasons(dict(zip(g["metric"], g["value"])), thresholds or noise.THRESHOLDS,
+                                      precise=(key, session, last) in precise)
         if not reasons:
             continue
         if by_session:

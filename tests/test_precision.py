@@ -144,3 +144,22 @@ def test_bad_precision_options_are_one_line(argv, needle, tmp_path):
     r = CliRunner().invoke(main, ["run", "--out", str(tmp_path), *argv])
     assert r.exit_code == 2 and needle in r.output, r.output
     assert not any(tmp_path.iterdir())  # nothing measured, nothing created
+
+
+def test_a_precise_timing_is_not_re_timed_for_the_spread_of_its_times(tmp_path):
+    """The rule's interval already holds the spread; only machine readings re-time a precise timing."""
+    spread = {**QUIET, "iqr_rel_max": 0.0, "ci_width_rel_max": 0.0}        # every timing "spread"
+    opts = replace(PRECISE, max_attempts=3, remeasure_s=60.0, noise_thresholds=spread)
+    _, got, st = _group(tmp_path / "precise", opts)
+    assert set(st.stop) == {"precise"} and set(st.attempt) == {1}
+    df = load_frame([tmp_path / "precise"])
+    assert paired_ratio_table(df).noisy.tolist() == [""]
+    # fixed rounds: the same spread re-times the group
+    _, _, st = _group(tmp_path / "fixed", replace(opts, precision_target=None, timing=TimingPolicy(
+        warmup_min_count=1, warmup_min_s=0.0, repeats=6)))
+    assert set(st.attempt) == {1, 2, 3}
+    # a machine reading still counts after a precise stop
+    from harness.timing.noise import noise_reasons
+    m = {"iqr_rel": 0.5, "cpu_pressure": 0.5}
+    assert noise_reasons(m, opts.noise_thresholds, precise=True) == []          # QUIET's pressure limit is 1.0
+    assert noise_reasons(m, {**spread, "cpu_pressure_max": 0.2}, precise=True) == ["cpu_pressure 0.500 > 0.2"]

@@ -227,8 +227,9 @@ class GroupTiming:
 
 def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: SweepOptions, *,
              attempt: int, backend: str, budget_s: float, beat, retimed: str | None = None
-             ) -> tuple[dict[str, str], dict[str, list[float]], dict[str, dict[str, float]]]:
-    """One timing of ``keys`` (interleaved, or each alone when that fails) and its rows."""
+             ) -> tuple[dict[str, str], dict[str, list[float]], dict[str, dict[str, float]], str]:
+    """One timing of ``keys`` (interleaved, or each alone when that fails) and its rows; also why
+    its rounds stopped (``precise``, ``budget``, ``max_rounds`` or ``fixed``)."""
     group = [by_key[k] for k in keys]
     clocks = [noise.sm_clock_mhz(device)]
     try:
@@ -254,7 +255,7 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
                               conf=got.conf if together else None, bases=bases,
                               pairs_with={k: retimed for k in keys if retimed and k != retimed})
     status.update({k: "ok" for k in timed})
-    return status, timed, readings if probe is not None else {}
+    return status, timed, readings if probe is not None else {}, got.stop if together else "fixed"
 
 
 def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device: torch.device,
@@ -264,7 +265,8 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
     Prenorm cases go first (the ``A`` of their backend's pairs), the others follow in the order
     given; rounds as :func:`time_rounds` (fixed, or to the precision target within
     ``opts.group_budget_s``). A case is noisy when :func:`harness.timing.noise.noise_reasons`
-    under ``opts.noise_thresholds`` names a reason (machine readings count for every case). A noisy
+    under ``opts.noise_thresholds`` names a reason (machine readings count for every case; after a
+    timing that stopped ``precise`` only they do, not the spread of the times). A noisy
     case is then timed again with its :func:`partners` as a new attempt of that case (its ratios
     use that attempt's pairs only); a noisy prenorm re-times the whole group. Re-timing goes on
     while a case is noisy, up to ``opts.max_attempts`` timings of it, and only while the next
@@ -280,14 +282,15 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
     keys = sorted(by_key, key=lambda k: by_key[k].router != BASELINE)  # stable: prenorm first
     backend = "compile" if any(c.backend == "compile" for c in cases) else cases[0].backend
     result = GroupTiming()
-    status, times, readings = _attempt(keys, by_key, steps, device, w, opts, attempt=1, backend=backend,
-                                       budget_s=opts.group_budget_s, beat=beat)
+    status, times, readings, stop = _attempt(keys, by_key, steps, device, w, opts, attempt=1, backend=backend,
+                                             budget_s=opts.group_budget_s, beat=beat)
     result.status.update(status)
     result.times.update(times)
     result.attempts.update({k: (1,) for k in times})
     spent = 0.0  # seconds spent re-measuring
     timings = 1  # attempt numbers are the group's timings: one number, one set of rounds
-    pending = [k for k in keys if noise.noise_reasons(readings.get(k, {}), opts.noise_thresholds)]
+    pending = [k for k in keys
+               if noise.noise_reasons(readings.get(k, {}), opts.noise_thresholds, precise=stop == "precise")]
     while pending and len(keys) > 1:
         k = pending.pop(0)
         n_of = sum(1 for _ in result.attempts.get(k, ()))
@@ -308,9 +311,9 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
         if beat is not None:
             beat("timing", len(todo), text=f"re-timing {'the group' if whole else k.split('|')[0]} "
                  f"(attempt {timings}): noisy", round=0)
-        status, times, readings = _attempt(todo, by_key, steps, device, w, opts, attempt=timings,
-                                           backend=backend, budget_s=min(opts.group_budget_s, left), beat=beat,
-                                           retimed=None if whole else k)
+        status, times, readings, stop = _attempt(todo, by_key, steps, device, w, opts, attempt=timings,
+                                                 backend=backend, budget_s=min(opts.group_budget_s, left),
+                                                 beat=beat, retimed=None if whole else k)
         spent += time.perf_counter() - t0
         mine = todo if whole else [k]
         for x in mine:
@@ -318,6 +321,7 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
                 result.times[x] = times[x]
                 result.attempts[x] = result.attempts.get(x, ()) + (timings,)
             result.status[x] = status.get(x, result.status.get(x, "ok"))
-        again = [x for x in mine if noise.noise_reasons(readings.get(x, {}), opts.noise_thresholds)]
+        again = [x for x in mine
+                 if noise.noise_reasons(readings.get(x, {}), opts.noise_thresholds, precise=stop == "precise")]
         pending = again if whole else pending + again
     return result

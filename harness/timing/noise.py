@@ -131,9 +131,19 @@ def iqr_rel(samples: list[float]) -> float:
     return float((q3 - q1) / med) if med > 0 else float("nan")
 
 
-def noise_reasons(m: Mapping[str, Any], thresholds: Mapping[str, float] = THRESHOLDS) -> list[str]:
+#: Readings of the spread of the case's own times (the others read the machine).
+SPREAD_READINGS = ("iqr_rel", "ci_width_rel")
+
+
+def noise_reasons(m: Mapping[str, Any], thresholds: Mapping[str, float] = THRESHOLDS,
+                  precise: bool = False) -> list[str]:
     """Why a group's readings ``m`` (metric -> value; absent or NaN readings are ignored) count as
-    noisy under ``thresholds``; empty when it is not noisy."""
+    noisy under ``thresholds``; empty when it is not noisy. With ``precise`` (the timing stopped
+    because its stopping rule's interval reached the precision target) the spread readings
+    (:data:`SPREAD_READINGS`) do not count: the interval already holds that spread; only the
+    machine's readings, disturbances the interval does not cover, do."""
+    if precise:
+        m = {k: v for k, v in m.items() if k not in SPREAD_READINGS}
     out = []
 
     def val(k):
