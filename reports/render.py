@@ -26,6 +26,7 @@ COLUMN_STYLE = {
     "router_flop_pct": ("router FLOP (%)", "{:.2f}"), "saved_mib": ("saved act. (MiB)", "{:.2f}"),
     "saved_ratio": ("saved / prenorm", "{:.2f}"), "router_state_mib": ("router state (MiB)",
                                                                       "{:.3f}"),
+    "state_ratio": ("state / prenorm", "{:.2f}"),
     "peak_mib": ("peak alloc. (MiB)", "{:.1f}"), "params_matrix": ("matrix params", "{:,.0f}"),
     "params_router": ("router params", "{:,.0f}"), "target_loss": ("target (nats)", "{:.4f}"),
     "time_to_target": ("time to target (s)", sentences.fmt_sig),

@@ -71,12 +71,13 @@ def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
         (median / prenorm median − 1, in %; 0 for prenorm; NaN without a prenorm case of the same
         run, backend, compile mode, mode, workload and shape), ``gflop_fwd`` (2·FMA/1e9, fvcore),
         ``router_flop_pct`` (router FMA / forward FMA, %), ``saved_mib`` (saved activations),
-        ``saved_ratio`` (to prenorm), ``router_state_mib``, ``peak_mib`` (CUDA only),
+        ``saved_ratio`` (to prenorm), ``router_state_mib``, ``state_ratio`` (router state over
+        prenorm's at the same shape: about n for the n-stream routers), ``peak_mib`` (CUDA only),
         ``params_matrix``, ``params_router``. One row per case with at least one ``ok`` number;
         prenorm first within a shape.
     """
     cols = [*CASE_KEYS, "median_ms", "iqr_ms", "n", "prenorm_ms", "overhead_pct", "gflop_fwd",
-            "router_flop_pct", "saved_mib", "saved_ratio", "router_state_mib", "peak_mib",
+            "router_flop_pct", "saved_mib", "saved_ratio", "router_state_mib", "state_ratio", "peak_mib",
             "params_matrix", "params_router"]
     cost = cost_rows(df)
     ok = cost[(cost["status"] == "ok") & cost["value"].notna()]
@@ -104,6 +105,9 @@ def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     saved = t[t["router"] == BASELINE].groupby(list(BASE_KEYS), dropna=False)["saved_mib"].median()
     t = t.merge(saved.rename("prenorm_saved").reset_index(), on=list(BASE_KEYS), how="left")
     t["saved_ratio"] = t["saved_mib"] / t["prenorm_saved"].astype(float)
+    state = t[t["router"] == BASELINE].groupby(list(BASE_KEYS), dropna=False)["router_state_mib"].median()
+    t = t.merge(state.rename("prenorm_state").reset_index(), on=list(BASE_KEYS), how="left")
+    t["state_ratio"] = t["router_state_mib"] / t["prenorm_state"].astype(float)
     for metric in ("params_matrix", "params_router"):
         t = t.merge(_median(cost, metric, STATIC_KEYS, metric), on=list(STATIC_KEYS), how="left")
         t[metric] = t[metric].astype(float)

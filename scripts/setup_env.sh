@@ -39,5 +39,9 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   quiet "$py" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
 fi
 quiet "$py" -m pip install -q -e ".[test]"
+# TileKernels' pure-PyTorch mHC reference (tile_kernels/torch/mhc.py), the cross-check of mhc: its
+# package depends on TileLang (GPU compiler), so it is installed without dependencies and the test
+# loads that one file by path.
+quiet "$py" -m pip install -q --no-deps tile-kernels==1.0.0
 "$py" -c "import torch, fvcore, pandas, seaborn; print('setup: torch', torch.__version__, '| CUDA', torch.cuda.is_available())"
 echo "$TORCH_SPEC" > "$stamp"

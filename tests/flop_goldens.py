@@ -38,4 +38,14 @@ GOLDEN = {
     # as haares with two detail kinds (phase, split)
     "wav_v1": (read(4, bias=True) + 2 * MATCH + read(4, bias=True) + read(7, bias=True) + 2 * MATCH
                + read(3) + (ADD + 2 * ADD + 2 * MATCH) + ADD),
+    # n = 4 streams (docs/BASELINES.md "Cost per token"): per sublayer read 2nd, mix 2n²d, c⊗u and
+    # the add 2nd; readout nd. dhc adds per sublayer LayerNorm n(7d+2), projection 2n(n+2)d,
+    # tanh, scale n(n+2) each, + α⁰ n(n+1), + B n; mhc r 2nd+2, x̃φ 2n²(n+2)d, 3(n²+2n), two
+    # sigmoids and ·post_mult 9n, Sinkhorn 3n² + 20(4n²+2n).
+    "shc": RM * (4 * (2 * 16 + 16) * D + 4 * D),
+    "dhc": RM * (4 * ((2 * 16 + 16) * D + 4 * (7 * D + 2) + 2 * 4 * 6 * D + 24 + 24 + 20 + 4) + 4 * D),
+    "mhc": RM * (4 * ((2 * 16 + 16) * D + 2 * 4 * D + 2 + 2 * 16 * 6 * D + 3 * 24 + 36
+                      + 3 * 16 + 20 * (4 * 16 + 8)) + 4 * D),
+    # every write's add (4d) and DWAs over [x0, x1] (2·2d) and [x0, x1, x2] (2·3d)
+    "denseformer": RM * (4 * D + 4 * D + 6 * D),
 }

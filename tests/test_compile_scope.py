@@ -39,7 +39,10 @@ def matrix(pairs):
 #: the attention at a block start, an attention and an MLP inside a
 #: block, the MLP that ends a block (phase 1 of the next), the one that ends the last (5); naive's
 #: tuple grows by a block at a time, so its 4 roles repeat per block (4 N).
-STATED = {"prenorm": 4, "rezero": 4, "layerscale": 4, ("two_phase", 2): 7, ("lean", 2): 7, ("naive", 2): 10}
+STATED = {"prenorm": 4, "rezero": 4, "layerscale": 4,
+          # stream routers: attention, MLP, and (dynamic ones) the last MLP, which computes no
+          # next coefficients; denseformer: add, DWA, the last DWA
+          "shc": 4, "dhc": 5, "mhc": 5, "denseformer": 5, ("two_phase", 2): 7, ("lean", 2): 7, ("naive", 2): 10}
 FAST = SweepOptions(flops=False, memory=False, max_attempts=1,
                     timing=TimingPolicy(warmup_min_count=1, warmup_min_s=0.0, repeats=2))
 

@@ -24,6 +24,12 @@ FLOP_CASES = [(n, L, {}) for n in sorted(ROUTERS) for L in (2, 3)] + [
     ("block_attnres", 4, {"n_blocks": 3, "key_norm_gain": True}),
     ("block_attnres", 2, {"n_blocks": 3, "block_unit": "sublayer"}),
     ("full_attnres", 3, {"key_norm_gain": True}),
+    ("shc", 2, {"n": 3, "readout": "mean"}),
+    ("dhc", 2, {"tanh": False}), ("dhc", 3, {"dyn_norm": "rmsnorm", "n": 2}),
+    ("mhc", 2, {"sk_init": "softmax_eps", "sk_iters": 10, "res_apply": "HT", "post_mult": 1.0, "pre_eps": 1e-6}),
+    ("mhc", 2, {"sk_last": "row", "rms_eps_mode": "outside", "n": 3, "readout": "mean"}),
+    ("denseformer", 4, {"dilation": 2}),            # m = 1 at the first unit: a plain product
+    ("denseformer", 3, {"period": 2, "unit": "sublayer", "dilation": 3}),
 ] + [
     (n, L, {"n_blocks": nb, "block_unit": unit, "partial_details": pd, "readout_details": rd,
             "key_norm_gain": kg})
@@ -106,6 +112,8 @@ def measured_peak_state(router, B, T, dtype):
 STATE_CASES = [(n, L, {}) for n in sorted(ROUTERS) for L in (2, 5)] + [
     ("block_attnres", 5, {"n_blocks": 3}),
     ("block_attnres", 2, {"n_blocks": 3, "block_unit": "sublayer"}),
+    ("shc", 2, {"n": 3}), ("mhc", 2, {"res_apply": "HT"}),
+    ("denseformer", 5, {"period": 2}), ("denseformer", 4, {"dilation": 2, "unit": "sublayer"}),
 ] + [(n, 5, {"n_blocks": 2, "partial_details": pd, "readout_details": rd})
      for n in DETAIL for pd, rd in [("always", False), ("never", True), ("informative", False)]] + [
     (n, 4, {"n_blocks": 4, "readout_details": True}) for n in DETAIL]
@@ -152,7 +160,9 @@ def test_ideal_io_attnres_table_1():
     L = 64
     expect = {"prenorm": 3, "rezero": 3, "layerscale": 3, "block_attnres": 5.5, "full_attnres": 24,
               # detail routers: (1+K)·N/S + 3 + 2(1+K)
-              "haares": 2 * 0.5 + 3 + 4, "wav_v1": 3 * 0.5 + 3 + 6}
+              "haares": 2 * 0.5 + 3 + 4, "wav_v1": 3 * 0.5 + 3 + 6,
+              # n = 4 streams: read n+1, write 2n+1; DWA: 3 + Σ m_i / 2L = (L + 15)/4
+              "shc": 14, "dhc": 14, "mhc": 14, "denseformer": (L + 15) / 4}
     assert set(expect) == set(ROUTERS), "add the new router's ideal I/O per token by hand"
     blocks = {"block_attnres": 8, "haares": 8, "wav_v1": 8}
     for name, io in expect.items():

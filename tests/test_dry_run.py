@@ -65,8 +65,9 @@ def test_train_dry_run_builds_nothing(no_model):
 
 
 def test_study_depth_dry_run_builds_nothing(no_model):
-    for scale, runs in (("char", "54 study runs (6 routers x 3 depths x 3 seeds)"),
-                        ("tiny", "18 study runs (6 routers x 3 depths x 1 seed)")):
+    # the default routers: prenorm, rezero, layerscale, block_attnres, haares, wav_v1, mhc
+    for scale, runs in (("char", "63 study runs (7 routers x 3 depths x 3 seeds)"),
+                        ("tiny", "21 study runs (7 routers x 3 depths x 1 seed)")):
         res = invoke("study", "depth", "--dry-run", "--scale", scale)
         assert res.exit_code == 0, res.output
         _plan(res.output)

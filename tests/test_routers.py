@@ -42,7 +42,11 @@ def test_router_parameter_counts_by_hand():
     d, L = 64, 4
     expect = {"prenorm": 0, "rezero": 2 * L, "layerscale": 2 * L * d,
               "block_attnres": (2 * L + 1) * d, "full_attnres": (2 * L + 1) * d,
-              "haares": (2 * L + 1) * d + (2 * L + 1), "wav_v1": (2 * L + 1) * d + 2 * (2 * L + 1)}
+              "haares": (2 * L + 1) * d + (2 * L + 1), "wav_v1": (2 * L + 1) * d + 2 * (2 * L + 1),
+              # n = 4 streams: static α (n, n+1) and β (n) per sublayer; dhc + (n+4)d + 2;
+              # mhc φ (nd, n²+2n), b (n²+2n), α (3); denseformer Σ m_i = L(L+3)/2
+              "shc": 2 * L * 24, "dhc": 2 * L * (24 + 8 * d + 2), "mhc": 2 * L * (4 * d * 24 + 24 + 3),
+              "denseformer": L * (L + 3) // 2}
     assert set(expect) == set(ROUTERS), "add the new router's parameter count by hand"
     for name, n in expect.items():
         assert sum(p.numel() for p in build_router(name, d, L).parameters()) == n, name

@@ -222,9 +222,9 @@ def test_defaults_resolve_to_the_device_suite():
     assert r.shape.widths == (64, 128) and r.shape.depths == (4, 8)
     assert r.sweep.backends == ("eager",) and r.sweep.smallest_backends == ("compile",)
     cases = r.cases()
-    # 7 routers + two_phase of the 3 block routers = 10 impls; eager on 2×2 shapes × 2 modes,
+    # 11 routers + two_phase of the 3 block routers = 14 impls; eager on 2×2 shapes × 2 modes,
     # compile fwd_bwd at the smallest shape.
-    assert len(cases) == 10 * 4 * 2 + 10
+    assert len(cases) == 14 * 4 * 2 + 14
     t = TrainSpec().resolve(load(TrainSpec, {}, None)[1]).training
     # No target given: a prenorm pilot sets it at half the budget; 3 seeds; the default cadence is
     # at most 2.5 % of the step budget; interleaved where the runs fit.

@@ -25,7 +25,7 @@ def depth_cmd(config, dry_run, **cli) -> None:
     """Train routers at several depths over seeds, paired by seed, with the block layout held
     fixed across depths; table and figures of the loss at the token budget against block_attnres.
 
-    Defaults: prenorm, rezero, layerscale, block_attnres, haares, wav_v1; depths 12,24,48 at the
+    Defaults: prenorm, rezero, layerscale, block_attnres, haares, wav_v1, mhc; depths 12,24,48 at the
     char-* presets' settings (d=512, T=256, B=32, 5000 steps), 3 seeds; --blocks 4; the embedded
     corpus. --scale tiny: depths 4,8,16 at d=64, 200 steps, one seed, a plumbing smoke test.
     The plan (runs, steps, estimated time range and peak memory) is printed before any model is

@@ -102,6 +102,25 @@ def _fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, mask, *, o
     return rows * (dx + dw)
 
 
+@_raw
+def _native_layer_norm(x, normalized_shape, weight=None, bias=None, eps=None, *, out_val=None) -> int:
+    """Per row of d: 5d + 2, + d with a gain, + d with a bias (as ``layer_norm`` in docs/FLOPS.md)."""
+    rows, d = _rows(x, normalized_shape)
+    return rows * ((5 + (weight is not None) + (bias is not None)) * d + 2)
+
+
+@_raw
+def _native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, mask, *,
+                                out_val=None) -> int:
+    """Per row: x̂ = (x − μ)·r 2d; dx = r·(g⊙dy − mean(g⊙dy) − x̂·mean(g⊙dy⊙x̂)) 7d (+ d for
+    g⊙dy with a gain); d(gain) = Σ_rows dy⊙x̂ 2d; d(bias) = Σ_rows dy d. See docs/FLOPS.md."""
+    rows, d = _rows(x, normalized_shape)
+    dx = (7 * d + (d if weight is not None else 0)) if mask[0] else 0
+    dw = 2 * d if weight is not None and mask[1] else 0
+    db = d if bias is not None and mask[2] else 0
+    return rows * (2 * d + dx + dw + db)
+
+
 def _gelu(erf: int, tanh: int) -> Formula:
     """``erf`` FLOP per element for the default (erf) form, ``tanh`` for ``approximate="tanh"``."""
     return _raw(lambda *a, out_val=None, approximate="none", **k:
@@ -205,6 +224,9 @@ FORMULAS: dict[Any, Formula] = {
     aten.linalg_vector_norm: _vector_norm,
     aten._fused_rms_norm: _fused_rms_norm,
     aten._fused_rms_norm_backward: _fused_rms_norm_backward,
+    aten.native_layer_norm: _native_layer_norm,
+    aten.native_layer_norm_backward: _native_layer_norm_backward,
+    aten.tanh: _elementwise(1), aten.tanh_backward: _elementwise(3),
     aten._softmax: _elementwise(5), aten._softmax_backward_data: _elementwise(4),
     aten.lerp: _elementwise(3), aten.addcmul: _elementwise(2), aten.addcmul_: _elementwise(2),
     aten.silu: _elementwise(4), aten.sigmoid: _elementwise(4), aten.gelu: _gelu(5, 9),

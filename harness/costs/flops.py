@@ -126,6 +126,16 @@ def _rms_norm(inputs: list, outputs: list) -> float:
     return 0.5 * (per_element * numel + 2 * rows)
 
 
+def _layer_norm(inputs: list, outputs: list) -> float:
+    """Per row of d: mean d, subtract d, variance (square d, mean d), +ε 1, rsqrt 1, scale d =
+    5d + 2, + d with a gain, + d with a bias."""
+    shape = _shape(inputs[0])
+    numel = math.prod(shape)
+    rows = math.prod(shape[:len(shape) - _list_len(inputs[1])])
+    per_element = 5 + (not _is_none(inputs[2])) + (not _is_none(inputs[3]))
+    return 0.5 * (per_element * numel + 2 * rows)
+
+
 def _gelu(inputs: list, outputs: list) -> float:
     """erf form 0.5·x·(1+erf(x/√2)): 5 FLOP per element; tanh form: 9."""
     approximate = inputs[1].toIValue() if len(inputs) > 1 else "none"
@@ -187,11 +197,12 @@ HANDLES: dict[str, Handle] = {
     "aten::clamp": _clamp, "aten::clamp_min": _elementwise(1), "aten::clamp_max": _elementwise(1),
     "aten::sum": _reduction, "aten::mean": _reduction, "aten::amax": _reduction,
     "aten::max": _min_max, "aten::min": _min_max,
-    "aten::rms_norm": _rms_norm,
+    "aten::rms_norm": _rms_norm, "aten::layer_norm": _layer_norm,
     "aten::softmax": _elementwise(5),
     "aten::linalg_vector_norm": _vector_norm,
     "aten::lerp": _elementwise(3), "aten::addcmul": _elementwise(2),
     "aten::silu": _elementwise(4), "aten::sigmoid": _elementwise(4), "aten::gelu": _gelu,
+    "aten::tanh": _elementwise(1),
     "aten::linear": _linear, "aten::matmul": _contraction, "aten::mm": _contraction,
     "aten::bmm": _contraction, "aten::einsum": _einsum,
     "aten::scaled_dot_product_attention": _sdpa,

@@ -29,7 +29,7 @@ from .base import Labels, option
 from .parts import (MAX_DEPTH, NOT_IN_FILE, Output, RouterSet, absolute, check_output, check_router_set,
                     resolve_device)
 
-DEFAULT_ROUTERS = ("prenorm", "rezero", "layerscale", "block_attnres", "haares", "wav_v1")
+DEFAULT_ROUTERS = ("prenorm", "rezero", "layerscale", "block_attnres", "haares", "wav_v1", "mhc")
 DEFAULT_BLOCKS = 4
 SCALES = ("char", "tiny")
 #: Said wherever a tiny study's numbers appear (terminal, table caption, report).
