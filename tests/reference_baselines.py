@@ -9,6 +9,15 @@ import math
 import torch
 
 
+def randomised(r, seed=1, scale=0.3):
+    """``r`` with every parameter moved by ``scale``·N(0, 1) (a router away from its init)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in r.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return r
+
+
 def _norm(x, g, bias, eps, kind):
     if kind == "layernorm":
         mu = x.mean(-1, keepdim=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_baselines import randomised
 
 from routers import build_router
 from routers.hyper import Coefficients, StreamState
@@ -21,14 +22,6 @@ B, T, D, N = 2, 3, 8, 4
 #: TileKernels 1.0.0's conventions (tile_kernels/modeling/mhc/functional.py defaults, checked)
 TILEKERNELS = {"sk_init": "softmax_eps", "sk_iters": 10, "res_apply": "HT", "post_mult": 1.0, "pre_eps": 1e-6,
                "rms_eps": 1e-6, "rms_eps_mode": "inside", "sk_eps": 1e-6}
-
-
-def randomised(r, seed=1, scale=0.3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in r.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return r
 
 
 def streams_in(dtype=torch.float64, seed=0, L=2):

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import reference_baselines as ref
+from reference_baselines import randomised
 import torch
 
 from routers import ROUTERS, build_router, check_router_options, router_options
@@ -38,14 +39,6 @@ def drive(r, e, ups):
 
 def prenorm(e, ups):
     return drive(build_router("prenorm", D, len(ups) // 2), e, ups)
-
-
-def randomised(r, seed=1, scale=0.3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in r.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return r
 
 
 def assert_same(got, want):
