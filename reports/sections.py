@@ -113,8 +113,8 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
         cost.blocks.append(_figure_block(figs["flops_vs_depth"], "flops_vs_depth", "Forward GFLOP by depth"))
     cost.blocks += [
         _figure_block(figs.get("overhead_vs_width"), "overhead_vs_width",
-                      "Paired step-time ratio to prenorm vs width (median of pairs, 95 % bootstrap CI "
-                      "as bars; deepest depth); naive solid, two_phase dashed, lean dotted"),
+                      "Paired step-time ratio to prenorm vs width (median of pairs; bars: the stopping "
+                      "rule's interval when timed to a precision target, else a 95 % bootstrap CI; deepest depth); naive solid, two_phase dashed, lean dotted"),
         _figure_block(figs.get("overhead_vs_depth"), "overhead_vs_depth",
                       "Paired step-time ratio to prenorm vs depth (widest width)"),
         _figure_block(figs.get("router_flop_share_vs_width"), "router_flop_share_vs_width",
@@ -143,7 +143,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     backends = Section("Backends: compiled and graph-replayed vs eager", [(
         "text", "Paired: each compiled step timed in one interleaved group with the eager step of "
                 "the same router, impl and shape; vs eager = median over rounds of compiled / eager "
-                "time of the same round, with a 95 % bootstrap CI (below 1 is faster).")])
+                "time of the same round, with the stopping rule's interval when timed to a precision target, else a 95 % bootstrap CI (the interval column; below 1 is faster).")])
     backends.blocks += table_blocks(paired.paired_vs_eager_table(df),
                                      "No paired eager/compiled groups in these runs (runs before "
                                      "backends were paired: see the unpaired table below).",
@@ -161,7 +161,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
             "text", "Paired: the layer-scope step (one compiled region per sublayer role, reused at every "
                     "layer) against the model-scope step (the whole forward in one graph) of the same "
                     "router, impl and shape, timed in one interleaved group; layer / model = median over "
-                    "rounds with a 95 % bootstrap CI (below 1 is faster).")]
+                    "rounds with the stopping rule's interval when timed to a precision target, else a 95 % bootstrap CI (below 1 is faster).")]
         backends.blocks += table_blocks(scope_t, "", drop=("variant", "session"), split=("run_id", "mode"))
     comp_t = tables.compile_table(df)
     if not comp_t.empty:
@@ -317,8 +317,8 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
         if said:
             top = Section("Summary: what each router costs", [("text", x) for x in said])
             if figs.get("paired_ratios"):
-                top.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm (median and "
-                                   "95 % bootstrap CI)"))
+                top.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm (median; "
+                                   "the stopping rule's interval or a 95 % bootstrap CI)"))
             top.blocks.append(("text", summary.METHOD))
             top.blocks += table_blocks(table, "")
             sections.append(top)

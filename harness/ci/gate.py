@@ -219,12 +219,15 @@ def settle_note(n: int, ratio: float, lo: float, hi: float, limit: float) -> str
     """What would decide an inconclusive check whose interval straddles ``limit``: the pairs to
     add at the observed spread (:func:`harness.stats.sequential.pairs_needed`: the half-width
     shrinks as 1/√n), or that no number of pairs settles it (the median within 1 % of the limit)."""
-    more = pairs_needed(n, (hi - lo) / (2 * ratio), ratio, limit)
+    side = (ratio - lo) if limit < ratio else (hi - ratio)   # the interval's side that crosses the limit
+    more = pairs_needed(n, side / ratio, ratio, limit)
     if more is None:
         return (f"cannot be settled by more pairs: the median {ratio:.3f} is within "
                 f"{UNSETTLED_REL:.0%} of the limit {limit:.3f}")
-    return (f"about {math.ceil(more)} more pairs would decide it at this spread "
-            f"({n} now; --precision-target {abs(ratio - limit) / ratio:.3f} times to it)")
+    target = abs(ratio - limit) / ratio
+    hint = f"; --precision-target {target:.3f} times to it" if 0 < target <= 1 else ""
+    return (f"about {max(1, math.ceil(more))} more pairs would decide it at this spread "
+            f"({n} now{hint})")
 
 
 def _row(rule: Rule, case: str, ratio: float, lo: float, hi: float, note: str = "",

@@ -17,7 +17,7 @@ from routers.errors import ConfigError
 
 from .report import run_dirs
 
-COLUMNS = ["rule", "metric", "case", "ratio", "95 % CI", "limit", "verdict", "note"]
+COLUMNS = ["rule", "metric", "case", "ratio", "CI", "limit", "verdict", "note"]
 
 
 def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
@@ -144,8 +144,8 @@ def render(results, fmt: str = "simple") -> str:
 
 
 def fail_lines(results) -> list[str]:
-    """``FAIL <rule>: <case>: ratio 1.83 (95 % CI 1.71–1.95) > limit 1.25`` per failing case."""
-    return [f"FAIL {r['rule']}: {r['case']}: ratio {r['ratio']:.2f} (95 % CI {_ci(r)}) > limit {r['limit']:.2f}"
+    """``FAIL <rule>: <case>: ratio 1.83 (CI 1.71–1.95) > limit 1.25`` per failing case."""
+    return [f"FAIL {r['rule']}: {r['case']}: ratio {r['ratio']:.2f} (CI {_ci(r)}) > limit {r['limit']:.2f}"
             for _, r in results[results["verdict"] == "fail"].iterrows()]
 
 
