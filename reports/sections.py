@@ -15,7 +15,7 @@ from harness.rundir.records import aborted_summary
 from harness.timing import noise
 from routers import BASELINE
 
-from . import (count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures,
+from . import (conventions, count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures,
                training, training_figures)
 from .environment import environment_table
 from .render import Section, table_blocks
@@ -209,6 +209,9 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     vs_t = impls.impl_vs_table(df)
     if not vs_t.empty:
         impl_sec.blocks += [("text", impls.VS_METHOD)] + table_blocks(vs_t, impls.NO_VS_TABLE, split=("run_id", "mode"))
+    conv_t = conventions.conventions_table(df)
+    if not conv_t.empty:
+        impl_sec.blocks += [("text", conventions.METHOD)] + table_blocks(conv_t, "", split=("run_id",))
     return [cost, pairs, floors, backends, impl_sec, models]
 
 
