@@ -1,5 +1,6 @@
-"""The report's mHC conventions table (reports/conventions.py): every convention of each timed mHC
-case resolved, and the public port it matches."""
+"""What the report shows of the baseline routers: the mHC conventions table (reports/conventions.py:
+every convention of each timed mHC case resolved, and the public port it matches) and the n-stream
+state in the memory table (reports/tables.py ``state_ratio``)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,15 @@ def test_the_report_shows_the_conventions_of_each_timed_mhc_case(tmp_path):
         ["exp", 20, "H", 2.0]
     md = build_report([tmp_path], tmp_path / "rep")["report.md"].read_text()
     assert "TileKernels 1.0.0" in md and "softmax_eps" in md and "paper (arXiv:2512.24880)" in md
+
+
+def test_the_memory_table_shows_the_n_stream_state(tmp_path):
+    """shc carries n = 4 copies of the residual: its router state is 4× prenorm's; mhc adds its
+    float32 coefficients (n² + 2n per token)."""
+    from reports.tables import overhead_table
+    with RunWriter(tmp_path, "run", "s") as w:
+        run_sweep(expand(["prenorm", "shc", "mhc"], TINY, [16], [2], ["fwd"]), torch.device("cpu"), w,
+                  FAST, progress=False)
+    t = overhead_table(load_frame([tmp_path])).set_index("router")
+    assert t.loc["prenorm", "state_ratio"] == 1.0 and t.loc["shc", "state_ratio"] == 4.0
+    assert t.loc["mhc", "state_ratio"] == (4 * 16 + 24) / 16
