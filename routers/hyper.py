@@ -19,6 +19,7 @@ next coefficients), so the regions do not grow with depth.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from typing import NamedTuple
 
@@ -82,8 +83,8 @@ def check_choice(name: str, value, choices: tuple) -> None:
 class StreamRouter(Router):
     """Base of the n-stream routers (docs/BASELINES.md, "Stream routers").
 
-    Subclasses set ``dynamic`` and implement :meth:`coefficients` (and, for static routers,
-    :meth:`static_coefficients`) and the cost models' per-sublayer terms.
+    Subclasses set ``dynamic`` and implement :meth:`next_params` and :meth:`coefficients` (and
+    :meth:`coefficient_flops` for the cost model).
 
     Args:
         d_model: width d.
@@ -114,6 +115,8 @@ class StreamRouter(Router):
         """``Module._apply`` (``.to``, ``.half()`` …) that keeps this router's parameters in
         float32 when ``fn`` casts them to float16 or bfloat16 (moves and other casts apply): the
         coefficients are computed in float32 (Megatron-LM#6172: bf16 Sinkhorn drifts)."""
+        if fn(torch.zeros((), dtype=torch.float32)).dtype not in _LOW:    # a move or a wide cast
+            return super()._apply(fn, recurse)
         kept = {name: p.detach().clone() for name, p in self.named_parameters()}
         super()._apply(fn, recurse)
         for name, p in self.named_parameters():
@@ -124,18 +127,15 @@ class StreamRouter(Router):
         return self
 
     # --- the contract ------------------------------------------------------------------------
-    def coefficients(self, x: Tensor, params: tuple) -> Coefficients:
-        """(a, W, c) of a sublayer from the streams X (B, T, n, d) before it, given that
-        sublayer's parameters ``params`` (:meth:`next_params`); in promote(dtype, float32)."""
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def next_params(self, k: int) -> tuple:
-        """The parameters (tensors) :meth:`coefficients` of sublayer k takes."""
-        raise NotImplementedError
+        """The tensors sublayer k's coefficients are made of (a static router: its (a (n,),
+        W (n, n), c (n,)) themselves), taken outside any compiled region."""
 
-    def static_coefficients(self, k: int) -> Coefficients:
-        """The static (a (n,), W (n, n), c (n,)) of sublayer k (``dynamic = False``)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def coefficients(self, x: Tensor, params: tuple) -> Coefficients:
+        """(a, W, c) of a sublayer from the streams X (B, T, n, d) before it and that sublayer's
+        :meth:`next_params`; a dynamic router computes them in promote(dtype, float32)."""
 
     def init_state(self, embedding: Tensor) -> StreamState:
         """X⁰ = n copies of e (an expanded view, (B, T, n, d)), with sublayer 0's coefficients."""
@@ -162,7 +162,7 @@ class StreamRouter(Router):
         """``shc``: (a, W, c) of the slot's sublayer; dynamic routers: the next sublayer's
         parameters (:meth:`next_params`), or () after the last."""
         if not self.dynamic:
-            return tuple(self.static_coefficients(slot.index))
+            return self.next_params(slot.index)
         k = slot.index + 1
         return self.next_params(k) if k < len(self.slots) else ()
 
@@ -176,15 +176,12 @@ class StreamRouter(Router):
     def region_write(self, state: StreamState, role: tuple, params: tuple, update: Tensor) -> StreamState:
         """X'_t = Σ_s W_ts X_s + c_t u, then the next sublayer's coefficients from X'."""
         x = state.x
-        if not self.dynamic:
-            _, w, c = params
-            mixed = torch.einsum("btsd,os->btod", x, w.to(x.dtype))
-            x = mixed + c.to(x.dtype).unsqueeze(-1) * update.unsqueeze(-2)
+        coef = state.coef if self.dynamic else self.coefficients(x, params)
+        mix = "btsd,btos->btod" if self.dynamic else "btsd,os->btod"    # per token, or static
+        x = torch.einsum(mix, x, coef.w.to(x.dtype)) + coef.c.to(x.dtype).unsqueeze(-1) * update.unsqueeze(-2)
+        if not self.dynamic or role == ("last",):
             return StreamState(x, None)
-        coef = state.coef
-        mixed = torch.einsum("btsd,btos->btod", x, coef.w.to(x.dtype))
-        x = mixed + coef.c.to(x.dtype).unsqueeze(-1) * update.unsqueeze(-2)
-        return StreamState(x, None if role == ("last",) else self.coefficients(x, params))
+        return StreamState(x, self.coefficients(x, params))
 
     # --- cost models ---------------------------------------------------------------------------
     def coefficient_flops(self) -> int:
@@ -259,9 +256,14 @@ class StaticHyperConnections(StreamRouter):
         self.static_alpha = nn.Parameter(alpha)
         self.static_beta = nn.Parameter(torch.ones(K, n))
 
-    def static_coefficients(self, k: int) -> Coefficients:
+    def next_params(self, k: int) -> Coefficients:
+        """Sublayer k's static (a (n,), W (n, n), c (n,)): views of α and β."""
         alpha = self.static_alpha[k]
         return Coefficients(alpha[:, 0], alpha[:, 1:].transpose(0, 1), self.static_beta[k])
+
+    def coefficients(self, x: Tensor, params: tuple) -> Coefficients:
+        """The static coefficients themselves (they do not depend on X)."""
+        return Coefficients(*params)
 
     def options(self) -> dict:
         return {"n": self.n, "readout": self.readout}

@@ -9,6 +9,41 @@ import math
 import torch
 
 
+B, T, D = 2, 3, 8
+SIG3, SIGM3 = 1 / (1 + math.exp(-3)), 1 / (1 + math.exp(3))     # σ(3), σ(−3): A.6's H_pre
+
+
+def inputs(L, seed=0, d=D, dtype=torch.float64):
+    """e (B, T, d) and 2L fixed updates of different scales."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randn(B, T, d, generator=g, dtype=dtype)
+    return e, [torch.randn(B, T, d, generator=g, dtype=dtype) * (0.2 + k % 3) for k in range(2 * L)]
+
+
+def drive(r, e, ups):
+    """Every read and h_out of router ``r`` driven with the fixed updates ``ups``."""
+    state, reads = r.init_state(e), []
+    for slot in r.slots:
+        reads.append(r.read(state, slot))
+        state = r.write(state, slot, ups[slot.index])
+    return reads, r.output(state)
+
+
+def prenorm(e, ups):
+    """PreNorm's reads h_k = h_{k−1} + u_{k−1} (h_0 = e) and h_out, in the same order of adds."""
+    reads, h = [], e
+    for u in ups:
+        reads.append(h)
+        h = h + u
+    return reads, h
+
+
+def a6(r, k=0, X=None):
+    """mhc's (a, W, c) of sublayer k from a random X (1, 1, n, d) (φ = 0 makes them X-free)."""
+    X = torch.randn(1, 1, r.n, r.d_model, dtype=torch.float64) if X is None else X
+    return r.coefficients(X, r.next_params(k))
+
+
 def randomised(r, seed=1, scale=0.3):
     """``r`` with every parameter moved by ``scale``·N(0, 1) (a router away from its init)."""
     g = torch.Generator().manual_seed(seed)
