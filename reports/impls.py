@@ -18,10 +18,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from routers.impls import BLOCK_ROUTERS  # noqa: E402
+from routers.impls import FAMILIES  # noqa: E402
 
 from . import frame  # noqa: E402
 from .plotting import save_png  # noqa: E402
+
+#: Every router with more than one implementation (``routers.impls.FAMILIES``).
+FAMILY_ROUTERS = tuple(r for f in FAMILIES.values() for r in f.routers)
 
 #: What makes a case; impls of one case are compared.
 CASE = ("run_id", "router", "options", "backend", "compile_mode", "compile_scope", "mode", "workload",
@@ -29,10 +32,11 @@ CASE = ("run_id", "router", "options", "backend", "compile_mode", "compile_scope
 COLUMNS = [*CASE, "impl", "median_ms", "vs_fastest", "parity_error", "parity"]
 COLUMN_STYLE = {"vs_fastest": ("step time / fastest impl (×)", "{:.3f}"),
                 "parity_error": ("parity error vs naive (max rel)", "{:.1e}"), "parity": ("parity", None)}
-METHOD = ("Each implementation of a block router against the others on the same case: median step "
+METHOD = ("Each implementation of a router against the others on the same case (router, options, shape): "
+          "median step "
           "time over the fastest impl's (1.00 = fastest), beside the parity error of the check run "
           "before it was timed (largest relative error of the output and gradients against naive on "
-          "random pseudo-queries, key gains and detail biases; naive is the reference and has none).")
+          "random parameters far from the init; naive is the reference and has none).")
 NO_TABLE = "Only one implementation per case in these runs (add --impls naive,two_phase,…)."
 
 
@@ -45,7 +49,7 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
         (``ok``, the failure message, or ``reference`` for naive).
     """
     cost = frame.cost_rows(df)
-    cost = cost[cost["router"].isin(BLOCK_ROUTERS)]
+    cost = cost[cost["router"].isin(FAMILY_ROUTERS)]
     if cost.empty:
         return pd.DataFrame(columns=COLUMNS)
     st = frame.ok_rows(cost, "step_time")

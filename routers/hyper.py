@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import stream_impls
 from .base import Router, Slot
 from .errors import ConfigError
 from .registry import register
@@ -55,10 +56,14 @@ class StreamState(NamedTuple):
         x: the n streams X, (B, T, n, d) in the model's dtype (at init an expanded view of e).
         coef: the next sublayer's :class:`Coefficients` (dynamic routers), or None (``shc``, and
             after the last sublayer).
+        h: a ``width_depth`` peer's branch input of the next sublayer (B, T, d); ``x`` is then the
+            mixed streams in the peer's layout and ``coef`` what its depth connection needs
+            (``routers/stream_impls.py``). None otherwise.
     """
 
     x: Tensor
     coef: Coefficients | None
+    h: Tensor | None = None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -91,20 +96,29 @@ class StreamRouter(Router):
         n_layers: transformer layers L.
         n: streams (≥ 1).
         readout: ``"sum"`` (h_out = Σ_s X_s, the HC paper) or ``"mean"``.
+        impl: ``"naive"`` (ours) or a peer of the stream family (``routers/impls.py``,
+            ``routers/stream_impls.py``: lucidrains' ``hyper-connections`` for shc / dhc,
+            Liger's mHC ops for mhc).
 
     Raises:
-        ConfigError: ``n`` < 1 or not an integer, or an unknown ``readout``.
+        ConfigError: ``n`` < 1 or not an integer, an unknown ``readout`` or ``impl``.
     """
 
     #: whether the coefficients depend on X (carried in the state) or are static parameters
     dynamic: bool = True
 
-    def __init__(self, d_model: int, n_layers: int, *, n: int = 4, readout: str = "sum") -> None:
+    def __init__(self, d_model: int, n_layers: int, *, n: int = 4, readout: str = "sum",
+                 impl: str = "naive") -> None:
         super().__init__(d_model, n_layers)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"n (streams) must be an integer ≥ 1, got {n!r}")
         check_choice("readout", readout, ("sum", "mean"))
         self.n, self.readout = n, readout
+        #: the impl; its schedule and plug-in callables (empty for naive: the region methods run)
+        self.impl = impl
+        self.peer_schedule, self.peer = stream_impls.resolve(self, impl)
+        #: the schedule the cost models describe (a peer costs what ours costs)
+        self.schedule = "naive"
 
     def home(self, k: int) -> int:
         """The home stream of sublayer k: k mod n (BASELINES.md)."""
@@ -139,18 +153,26 @@ class StreamRouter(Router):
 
     def init_state(self, embedding: Tensor) -> StreamState:
         """X⁰ = n copies of e (an expanded view, (B, T, n, d)), with sublayer 0's coefficients."""
+        if self.peer:
+            return stream_impls.init_state(self, embedding)
         x = embedding.unsqueeze(-2).expand(*embedding.shape[:-1], self.n, embedding.shape[-1])
         coef = self.coefficients(x, self.next_params(0)) if self.dynamic else None
         return StreamState(x, coef)
 
     def read(self, state: StreamState, slot: Slot) -> Tensor:
+        if self.peer:
+            return stream_impls.read(self, state, slot)
         return self.region_read(state, self.region_role(slot), self.region_params(state, slot))
 
     def write(self, state: StreamState, slot: Slot, update: Tensor) -> StreamState:
+        if self.peer:
+            return stream_impls.write(self, state, slot, update)
         return self.region_write(state, self.region_role(slot), self.region_params(state, slot), update)
 
     def output(self, state: StreamState) -> Tensor:
         """h_out = Σ_s X_s (``readout="sum"``) or their mean, (B, T, d)."""
+        if self.peer:
+            return stream_impls.output(self, state)
         return state.x.sum(-2) if self.readout == "sum" else state.x.mean(-2)
 
     # --- regions -------------------------------------------------------------------------------
@@ -243,8 +265,9 @@ class StaticHyperConnections(StreamRouter):
 
     dynamic = False
 
-    def __init__(self, d_model: int, n_layers: int, *, n: int = 4, readout: str = "sum") -> None:
-        super().__init__(d_model, n_layers, n=n, readout=readout)
+    def __init__(self, d_model: int, n_layers: int, *, n: int = 4, readout: str = "sum",
+                 impl: str = "naive") -> None:
+        super().__init__(d_model, n_layers, n=n, readout=readout, impl=impl)
         self._static_init()
 
     def _static_init(self) -> None:
@@ -296,8 +319,9 @@ class DynamicHyperConnections(StaticHyperConnections):
     dynamic = True
 
     def __init__(self, d_model: int, n_layers: int, *, n: int = 4, readout: str = "sum",
-                 tanh: bool = True, dyn_norm: str = "layernorm", dyn_norm_eps: float = 1e-5) -> None:
-        super().__init__(d_model, n_layers, n=n, readout=readout)
+                 tanh: bool = True, dyn_norm: str = "layernorm", dyn_norm_eps: float = 1e-5,
+                 impl: str = "naive") -> None:
+        super().__init__(d_model, n_layers, n=n, readout=readout, impl=impl)
         check_choice("dyn_norm", dyn_norm, ("layernorm", "rmsnorm"))
         if not dyn_norm_eps >= 0:
             raise ConfigError(f"dyn_norm_eps must be ≥ 0, got {dyn_norm_eps!r}")

@@ -1,8 +1,13 @@
-"""Implementations of the block routers: the built-in ``naive`` and ``two_phase`` schedules and
-peer kernels plugged into them, each registered with its availability (issue: "peer kernels as
-implementations, each proven equal to the reference before it is timed").
+"""Implementations of the routers that have more than one: the built-ins and peer kernels
+plugged into them, each registered with its availability and proven equal to ``naive`` before it
+is timed (:mod:`harness.sweep.parity`).
 
-An implementation runs one of the two schedules of :class:`routers.attnres.BlockAttnRes`:
+Routers come in **families** (:data:`FAMILIES`); a family names its routers, its schedules and,
+per schedule, its **plug-in points**: the callables a peer may replace. ``naive`` is every family's
+reference (routerbench's own PyTorch code).
+
+**block** (``block_attnres``, ``full_attnres``, ``haares``, ``wav_v1``): the two schedules of
+:class:`routers.attnres.BlockAttnRes`:
 
 - ``schedule="naive"``: every read stacks its sources and mixes them. A peer replaces the depth
   mixer of that read (:func:`routers.mixer.depth_mix`) by its ``mix`` callable, with the same
@@ -13,6 +18,21 @@ An implementation runs one of the two schedules of :class:`routers.attnres.Block
   ``phases = (phase1, phase2)``, with the signatures of :func:`routers.two_phase.phase1` and
   :func:`routers.two_phase.phase2`. The built-in ``lean`` runs this schedule too, with its own
   phases, inverse RMS and readout as custom autograd Functions (``backward="recompute"``).
+
+**stream** (``shc``, ``dhc``, ``mhc``: :class:`routers.hyper.StreamRouter`, n copies of the
+residual; the hooks' signatures are in :mod:`routers.stream_impls`):
+
+- ``schedule="naive"`` (coefficients carried in the state): points ``coefficients`` (a, W, c of
+  a sublayer from the streams before it), ``pre_mix`` (h = Σ_s a_s X_s) and ``post_res``
+  (X' = W X + c ⊗ u); an impl replaces any of them (Liger's mHC ops replace all three).
+- ``schedule="width_depth"`` (HC paper App. J, Alg. 2): the *width connection* of sublayer k
+  makes its branch input and the mixed streams W X at once, from the streams in the peer's own
+  layout, and the *depth connection* adds c ⊗ u; points ``expand``, ``width``, ``depth``,
+  ``reduce`` (lucidrains' ``hyper-connections``).
+
+A peer that reproduces our router only under some of its convention options (mHC's Sinkhorn
+start, …) declares them in ``options``: its cases run with those options, and so does the
+``naive`` it is checked against.
 
 An adapter is one module of ``routers/peers/`` that defines ``IMPL`` (an :class:`Impl`): it imports
 its package lazily inside ``probe`` (any exception, not only ``ImportError``, makes it
@@ -38,18 +58,53 @@ from .errors import ConfigError
 #: The routers of the Attention Residuals family that take an ``impl`` (their class's ``impls``
 #: lists the built-in ones).
 BLOCK_ROUTERS = ("block_attnres", "full_attnres", "haares", "wav_v1")
+#: The n-stream routers (``routers/hyper.py``, ``routers/mhc.py``) that take an ``impl``.
+STREAM_ROUTERS = ("shc", "dhc", "mhc")
+
+
+@dataclass(frozen=True)
+class Family:
+    """Routers that share their schedules and plug-in points.
+
+    Attributes:
+        name: ``"block"`` or ``"stream"``.
+        routers: its routers.
+        points: schedule → the plug-in points a peer of that schedule may supply.
+    """
+
+    name: str
+    routers: tuple[str, ...]
+    points: dict[str, tuple[str, ...]]
+
+
+#: family name → :class:`Family` (module doc).
+FAMILIES: dict[str, Family] = {
+    "block": Family("block", BLOCK_ROUTERS, {"naive": ("mix",), "two_phase": ("phases",)}),
+    "stream": Family("stream", STREAM_ROUTERS, {"naive": ("coefficients", "pre_mix", "post_res"),
+                                                "width_depth": ("expand", "width", "depth", "reduce")}),
+}
+
+
+def family_of(router: str) -> Family | None:
+    """The family of ``router``, or None for a router without implementations (prenorm, …)."""
+    return next((f for f in FAMILIES.values() if router in f.routers), None)
 
 
 @dataclass(frozen=True)
 class Impl:
-    """One implementation of the block routers.
+    """One implementation of routers of one family (the built-in ``naive`` spans them all).
 
     Attributes:
         name: the ``impl`` option's value (``--impls``).
         routers: routers it implements.
-        schedule: ``"naive"`` or ``"two_phase"`` (the schedule it plugs into).
-        mix: for the naive schedule, the depth mixer (module doc); None for the built-in.
-        phases: for the two_phase schedule, ``(phase1, phase2)``; None for the built-in.
+        schedule: the schedule it plugs into, one of its family's (:data:`FAMILIES`).
+        mix: block family, naive schedule: the depth mixer (module doc); None for the built-in.
+        phases: block family, two_phase schedule: ``(phase1, phase2)``; None for the built-in.
+        hooks: the other families' plug-in points it supplies, point → callable (stream family:
+            :mod:`routers.stream_impls`); the points it leaves out run ours.
+        options: per router, the options it implements that router only with (its conventions,
+            e.g. Liger's mHC: ``{"mhc": {"sk_init": "softmax_eps", …}}``); its cases and their
+            parity check run with them (:func:`case_options`).
         devices: device types it runs on (``"cpu"``, ``"cuda"``).
         dtypes: dtype names it supports (``"float32"``, ``"bfloat16"``, …).
         modes: modes it supports (``fwd``, ``fwd_bwd``, ``train_step``, ``decode``).
@@ -78,6 +133,20 @@ class Impl:
     builtin: bool = False
     interpretable: bool = False
     backward: str = "autograd"
+    hooks: dict[str, Callable] = field(default_factory=dict)
+    options: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @property
+    def family(self) -> Family | None:
+        """The family of its routers (None for ``naive``, every family's reference)."""
+        fams = {f.name for f in map(family_of, self.routers) if f is not None}
+        return FAMILIES[fams.pop()] if len(fams) == 1 else None
+
+    def point(self, name: str) -> Callable | None:
+        """The callable it supplies for plug-in point ``name`` (None: ours runs there)."""
+        if name in ("mix", "phases"):
+            return getattr(self, name)
+        return self.hooks.get(name)
 
     @property
     def opaque(self) -> bool:
@@ -132,12 +201,26 @@ def register(impl: Impl) -> Impl:
     """Add ``impl`` to :data:`IMPLS`.
 
     Raises:
-        ValueError: the name is taken, or the schedule is unknown.
+        ValueError: the name is taken; its routers are of no family or of several (only the
+            built-in ``naive`` spans families); the schedule is not one of its family's; it
+            supplies a plug-in point its schedule does not have.
     """
     if impl.name in IMPLS and IMPLS[impl.name] is not impl:
         raise ValueError(f"implementation name {impl.name!r} is registered twice")
-    if impl.schedule not in ("naive", "two_phase"):
-        raise ValueError(f"impl {impl.name}: schedule must be naive or two_phase, got {impl.schedule!r}")
+    unknown = [r for r in impl.routers if family_of(r) is None]
+    fam = impl.family
+    if unknown or (fam is None and not (impl.builtin and impl.name == "naive")):
+        fams = "; ".join(f"{f.name}: " + ", ".join(f.routers) for f in FAMILIES.values())
+        raise ValueError(f"impl {impl.name}: its routers must be of one family ({fams}); "
+                         f"got {', '.join(impl.routers)}")
+    schedules = fam.points if fam is not None else {"naive": ()}
+    if impl.schedule not in schedules:
+        raise ValueError(f"impl {impl.name}: schedule must be one of {', '.join(schedules)}, got {impl.schedule!r}")
+    given = [p for p in ("mix", "phases", *impl.hooks) if impl.point(p) is not None]
+    wrong = [p for p in given if p not in schedules[impl.schedule]]
+    if wrong:
+        raise ValueError(f"impl {impl.name}: the {impl.schedule} schedule of the {fam.name} family has plug-in "
+                         f"points {', '.join(schedules[impl.schedule])}, not {', '.join(wrong)}")
     if impl.backward not in ("autograd", "recompute") or (impl.backward == "recompute" and impl.schedule != "two_phase"):
         raise ValueError(f"impl {impl.name}: backward must be autograd, or recompute on the two_phase "
                          f"schedule, got {impl.backward!r} on {impl.schedule}")
@@ -175,6 +258,27 @@ def get(name: str, router: str | None = None) -> Impl:
     return impl
 
 
+def case_options(impl: Impl, router: str, given: dict) -> dict:
+    """The options a case of ``impl`` on ``router`` runs with: ``given`` (the user's), plus the
+    conventions ``impl`` declares (:attr:`Impl.options`) where they differ from the router's
+    defaults (so a peer's case and naive's under the same conventions share their options).
+
+    Raises:
+        ConfigError: ``given`` sets a declared convention to another value (naming
+            ``--router-options`` and ``--impls``).
+    """
+    from .registry import router_options
+    declared = impl.options.get(router, {})
+    clash = {k: v for k, v in declared.items() if k in given and given[k] != v}
+    if clash:
+        want = ", ".join(f"{k}={v!r}" for k, v in clash.items())
+        got = ", ".join(f"{k}={given[k]!r}" for k in clash)
+        raise ConfigError(f"--impls {impl.name}: it implements {router} only with {want}, but "
+                          f"--router-options sets {got}; drop those options or that impl")
+    defaults = router_options(router)
+    return {**given, **{k: v for k, v in declared.items() if k not in given and defaults.get(k) != v}}
+
+
 def names() -> list[str]:
     """Every registered implementation's name (peers loaded)."""
     _load_peers()
@@ -188,7 +292,8 @@ def impls_for(router: str) -> list[Impl]:
 
 
 _builtin_note = "routerbench's own PyTorch code"
-register(Impl("naive", BLOCK_ROUTERS, "naive", conventions=_builtin_note + ": the reference", builtin=True))
+register(Impl("naive", BLOCK_ROUTERS + STREAM_ROUTERS, "naive", conventions=_builtin_note + ": the reference",
+              builtin=True))
 register(Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase",
               conventions=_builtin_note + ": the AttnRes paper's two-phase schedule", builtin=True))
 register(Impl("lean", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",

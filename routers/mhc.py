@@ -100,6 +100,7 @@ class ManifoldHyperConnections(StreamRouter):
         rms_eps: ε of r (1e-6; Eq. 15 has none: a NaN guard).
         rms_eps_mode: ``"inside"`` √(mean+ε) (TileKernels, Liger) or ``"outside"`` 1/(r+ε).
         phi_init: ``"xavier_uniform"`` (Megatron, PaddleFleet) or ``"zeros"``.
+        impl: ``"naive"`` or a peer (``liger_mhc``: Liger's functional mHC ops).
 
     Raises:
         ConfigError: an invalid option (one line naming it).
@@ -111,8 +112,8 @@ class ManifoldHyperConnections(StreamRouter):
                  sk_init: str = "exp", sk_iters: int = 20, sk_last: str = "col", sk_eps: float = 1e-6,
                  res_apply: str = "H", post_mult: float = 2.0, pre_eps: float = 0.0,
                  rms_eps: float = 1e-6, rms_eps_mode: str = "inside",
-                 phi_init: str = "xavier_uniform") -> None:
-        super().__init__(d_model, n_layers, n=n, readout=readout)
+                 phi_init: str = "xavier_uniform", impl: str = "naive") -> None:
+        super().__init__(d_model, n_layers, n=n, readout=readout, impl=impl)
         sinkhorn(torch.zeros(1, 1), sk_iters, init=sk_init, last=sk_last)   # validates the SK options
         check_choice("res_apply", res_apply, ("H", "HT"))
         check_choice("rms_eps_mode", rms_eps_mode, ("inside", "outside"))

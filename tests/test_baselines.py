@@ -33,7 +33,7 @@ def test_the_four_baselines_are_registered_with_the_papers_defaults():
             m["rms_eps"], m["rms_eps_mode"], m["readout"], m["n"]) == ("exp", 20, "col", "H", 2.0, 0.0,
                                                                        1e-6, "inside", "sum", 4)
     assert router_options("dhc") == {"n": 4, "readout": "sum", "tanh": True, "dyn_norm": "layernorm",
-                                     "dyn_norm_eps": 1e-5}
+                                     "dyn_norm_eps": 1e-5, "impl": "naive"}
     assert router_options("denseformer") == {"dilation": 1, "period": 1, "unit": "layer"}
 
 

@@ -26,12 +26,15 @@ def list_cmd() -> None:
 
     from routers import impls
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    click.echo(f"implementations of the block routers (availability here, on {device}):")
+    click.echo(f"implementations (family, schedule; availability here, on {device}):")
     for name in impls.names():
         impl = impls.IMPLS[name]
         why = impl.unavailable_reason(device)
         ver = impl.version()
-        click.echo(f"  {name:15s} {impl.schedule:9s} routers={','.join(impl.routers)}  "
+        fam = impl.family.name if impl.family else "every"
+        conv = "; ".join(f"{r}: " + ", ".join(f"{k}={v!r}" for k, v in o.items()) for r, o in impl.options.items())
+        click.echo(f"  {name:15s} {fam:6s} {impl.schedule:11s} routers={','.join(impl.routers)}  "
+                   + (f"conventions {conv}  " if conv else "")
                    + ("available" + (f" ({impl.package} {ver})" if ver else "") if not why else f"unavailable: {why}"))
     click.echo("backends: " + ", ".join(
         b + (f" (compile modes: {', '.join(m for m in ms if m)})" if any(ms) else "")

@@ -88,8 +88,9 @@ def impl_manifest(cases, device) -> dict:
     run here (None when it can), for the manifest."""
     from routers import impls
     out = {}
-    for name in sorted({c.impl for c in cases if c.router in impls.BLOCK_ROUTERS}):
+    for name in sorted({c.impl for c in cases if impls.family_of(c.router) is not None}):
         impl = impls.get(name)
-        out[name] = {"schedule": impl.schedule, "package": impl.package, "version": impl.version(),
+        fam = impl.family
+        out[name] = {"family": fam.name if fam else "every", "schedule": impl.schedule, "package": impl.package, "version": impl.version(),
                      "unavailable": impl.unavailable_reason(device.type), "conventions": impl.conventions}
     return out

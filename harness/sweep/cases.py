@@ -91,6 +91,30 @@ def offered_impls(router: str) -> tuple[str, ...]:
     return own + tuple(i.name for i in impls_for(router) if i.name not in own)
 
 
+def impl_variants(router: str, chosen: list[str], opts: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(impl, options) of each case of ``router``: every chosen impl with ``opts``, a peer that
+    declares conventions (``routers.impls.Impl.options``) with them added, and then every chosen
+    built-in under those conventions too, so the peer is compared with ours on the same function
+    (``--impls naive,liger_mhc`` on mhc: naive with the paper's options, naive and liger_mhc with
+    ``sk_init=softmax_eps``).
+
+    Raises:
+        ConfigError: the user's options contradict a chosen peer's conventions.
+    """
+    from routers import impls
+    if impls.family_of(router) is None:
+        return [(i, opts) for i in chosen]
+    out: list[tuple[str, dict[str, Any]]] = []
+    builtins = [i for i in chosen if impls.get(i, router).builtin]
+    for i in chosen:
+        spec = impls.get(i, router)
+        o = impls.case_options(spec, router, opts)
+        out += [(i, o)] if o == opts else [(b, o) for b in builtins] + [(i, o)]
+    seen: set = set()
+    return [(i, o) for i, o in out if not ((i, tuple(sorted(o.items()))) in seen
+                                            or seen.add((i, tuple(sorted(o.items())))))]
+
+
 def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], depths: Iterable[int],
            modes: Iterable[str], backends: Iterable[str] = ("eager",),
            options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
@@ -133,8 +157,8 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
         cms = (compile_modes or BACKENDS["compile"][:1]) if backend == "compile" else (None,)
         scopes = (compile_scopes or (DEFAULT_COMPILE_SCOPE,)) if backend == "compile" else (None,)
         for cm, sc in itertools.product(cms, scopes):
-            for i in chosen:
-                cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(opts.items())), i, seed, sc))
+            for i, o in impl_variants(r, chosen, opts):
+                cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(o.items())), i, seed, sc))
     validate(cases, options)
     return cases
 

@@ -1,4 +1,5 @@
-"""Parity before timing: an implementation of a block router is checked against ``naive`` on the
+"""Parity before timing: an implementation of a router (any router of a family of
+``routers/impls.py``: the block routers and the stream routers) is checked against ``naive`` on the
 case it is about to be timed on, and never timed when it disagrees.
 
 A benchmark that times a wrong kernel publishes a wrong winner; the peers' trackers show how
@@ -7,9 +8,11 @@ Liger-Kernel#1344; a wrong single-source read, FLA#883; outputs in bf16 whatever
 dtype). So, for the case's router, options, width, depth, batch, sequence length, dtype and
 device, :func:`router_parity`:
 
-1. builds the router twice, ``naive`` and the impl under test, with the same **random**
-   parameters: pseudo-queries N(0, 4/d) (zero pseudo-queries make every mix uniform and would hide
-   a wrong temperature), key gains 1 + N(0, 0.04), detail biases N(−1, 1);
+1. builds the router twice, ``naive`` and the impl under test, with the case's options (which
+   carry the conventions the peer declares, ``routers.impls.case_options``) and the same
+   **random** parameters (:func:`_randomise`: far from the init, where a wrong convention could
+   hide: zero pseudo-queries make every mix uniform, mHC's A.6 bias makes H_res nearly I, so H_res
+   and H_resᵀ would agree);
 2. runs the router contract (``init_state``, then ``read`` / ``write`` per sublayer with a fixed
    random nonlinear sublayer ``u = tanh(h W_k)``, then ``output``) on a fresh random embedding,
    forward and, for modes with a backward, backward of a fixed random projection of the output;
@@ -90,19 +93,37 @@ class ParityResult:
         return ("parity ok: " if self.ok else "parity failed: ") + "; ".join([head, *self.problems])
 
 
+#: Random parameter values of the parity check, by parameter name: noise N(0, 1) of the
+#: parameter's shape and the width d → value. Block routers: pseudo-queries N(0, 4/d), key gains
+#: 1 + N(0, 0.04), detail biases N(−1, 1). Stream routers: mHC's φ N(0, 1/(nd)) (logits of order 1),
+#: b N(0, 1) (H_res far from I), α 0.5 + N(0, 0.01); HC's α⁰ and B their init + N(0, 0.25), the
+#: dynamic projections N(0, 1/d), their scales 0.3 + N(0, 0.01). Any other: its value + N(0, 0.01).
+RANDOM = {
+    "pseudo_query": lambda z, d: z * (2 / math.sqrt(d)),
+    "key_gain": lambda z, d: 1 + 0.2 * z,
+    "detail_bias": lambda z, d: z - 1,
+    "phi": lambda z, d: z / math.sqrt(z.shape[-2]),
+    "bias": lambda z, d: z,
+    "alpha": lambda z, d: 0.5 + 0.1 * z,
+    "dynamic_alpha_fn": lambda z, d: z / math.sqrt(d),
+    "dynamic_beta_fn": lambda z, d: z / math.sqrt(d),
+    "dynamic_alpha_scale": lambda z, d: 0.3 + 0.1 * z,
+    "dynamic_beta_scale": lambda z, d: 0.3 + 0.1 * z,
+}
+#: Parameters randomised around their init (HC's static coefficients: the home stream stays visible).
+AROUND_INIT = {"static_alpha": 0.5, "static_beta": 0.5}
+
+
 def _randomise(router: torch.nn.Module, d: int, gen: torch.Generator) -> None:
-    """Random pseudo-queries, key gains and detail biases (module doc), in place."""
+    """Random parameters (:data:`RANDOM`, :data:`AROUND_INIT`), in place."""
     with torch.no_grad():
         for name, p in router.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            if name.endswith("pseudo_query"):
-                value = noise * (2 / math.sqrt(d))
-            elif name.endswith("key_gain"):
-                value = 1 + 0.2 * noise
-            elif name.endswith("detail_bias"):
-                value = noise - 1
+            key = name.rsplit(".", 1)[-1]
+            if key in RANDOM:
+                value = RANDOM[key](noise, d)
             else:
-                value = p.detach().double() + 0.1 * noise
+                value = p.detach().double() + AROUND_INIT.get(name, 0.1) * noise
             p.copy_(value.to(p.dtype))
 
 
@@ -239,12 +260,13 @@ _PARITY: dict[tuple, object] = {}
 
 
 def needs_parity(case: Case) -> bool:
-    """Whether :func:`check_parity` checks ``case``: an impl other than ``naive`` of a block router."""
-    return case.router in impls.BLOCK_ROUTERS and case.impl != "naive"
+    """Whether :func:`check_parity` checks ``case``: an impl other than ``naive`` of a router of a
+    family (``routers.impls.FAMILIES``)."""
+    return impls.family_of(case.router) is not None and case.impl != "naive"
 
 
 def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | None:
-    """Before an impl other than ``naive`` of a block router is timed, check it against ``naive``
+    """Before an impl other than ``naive`` of a router with impls is timed, check it against ``naive``
     at the case's width, depth, dtype and device on one sequence of at most
     :data:`PARITY_TOKENS` tokens (:func:`router_parity`; once per router, options,
     impl, shape, dtype, device and backward in a process). Writes a ``parity_error`` row (the largest

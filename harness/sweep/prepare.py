@@ -83,7 +83,7 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     """Why the case's implementation cannot run here (a peer kernel's package, device, dtype or
     mode; ``routers/impls.py``), or None."""
     from routers import impls
-    if case.router not in impls.BLOCK_ROUTERS or impls.get(case.impl, case.router).builtin:
+    if impls.family_of(case.router) is None or impls.get(case.impl, case.router).builtin:
         return None
     if case.compile_scope == "layer":
         return (f"impl {case.impl} is a peer kernel, which has no region form: it runs under "
