@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,39 +30,9 @@ from . import stream_impls
 from .base import Router, Slot
 from .errors import ConfigError
 from .registry import register
+from .stream_impls import Coefficients, StreamState
 
 _LOW = (torch.float16, torch.bfloat16)
-
-
-class Coefficients(NamedTuple):
-    """The mixing of one sublayer, per token (or static: without the leading (B, T)).
-
-    Attributes:
-        a: read weights a_s, (B, T, n), float32 (float64 in a float64 model).
-        w: stream mix W_ts (output t, input s), (B, T, n, n).
-        c: write weights c_t of the update, (B, T, n).
-    """
-
-    a: Tensor
-    w: Tensor
-    c: Tensor
-
-
-class StreamState(NamedTuple):
-    """Router state between sublayers.
-
-    Attributes:
-        x: the n streams X, (B, T, n, d) in the model's dtype (at init an expanded view of e).
-        coef: the next sublayer's :class:`Coefficients` (dynamic routers), or None (``shc``, and
-            after the last sublayer).
-        h: a ``width_depth`` peer's branch input of the next sublayer (B, T, d); ``x`` is then the
-            mixed streams in the peer's layout and ``coef`` what its depth connection needs
-            (``routers/stream_impls.py``). None otherwise.
-    """
-
-    x: Tensor
-    coef: Coefficients | None
-    h: Tensor | None = None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

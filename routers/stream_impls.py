@@ -23,24 +23,54 @@ carried in the state as ours are):
 - ``depth(router, k, mixed, c, u) -> xs'``: the streams after sublayer k;
 - ``reduce(router, xs) -> h_out``: the readout (B, T, d) (``readout="sum"`` or ``"mean"``).
 
-No peer has a region form (``--compile-scope layer`` refuses them before any work).
+The state and coefficient tuples of every stream router (:class:`StreamState`,
+:class:`Coefficients`) live here too (``routers.hyper`` re-exports them), so this module imports
+nothing of ``routers.hyper``. No peer has a region form (``--compile-scope layer`` refuses them before any work).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from .base import Router, Slot
 from .errors import ConfigError
 
-if TYPE_CHECKING:
-    from .base import Slot
-    from .hyper import Coefficients, StreamRouter, StreamState
+
+class Coefficients(NamedTuple):
+    """The mixing of one sublayer, per token (or static: without the leading (B, T)).
+
+    Attributes:
+        a: read weights a_s, (B, T, n), float32 (float64 in a float64 model).
+        w: stream mix W_ts (output t, input s), (B, T, n, n).
+        c: write weights c_t of the update, (B, T, n).
+    """
+
+    a: Tensor
+    w: Tensor
+    c: Tensor
 
 
-def resolve(router: "StreamRouter", impl: str) -> tuple[str, dict]:
+class StreamState(NamedTuple):
+    """Router state between sublayers.
+
+    Attributes:
+        x: the n streams X, (B, T, n, d) in the model's dtype (at init an expanded view of e).
+        coef: the next sublayer's :class:`Coefficients` (dynamic routers), or None (``shc``, and
+            after the last sublayer).
+        h: a ``width_depth`` peer's branch input of the next sublayer (B, T, d); ``x`` is then the
+            mixed streams in the peer's layout and ``coef`` what its depth connection needs
+            (``routers/stream_impls.py``). None otherwise.
+    """
+
+    x: Tensor
+    coef: Coefficients | None
+    h: Tensor | None = None
+
+
+def resolve(router: Router, impl: str) -> tuple[str, dict]:
     """The schedule and plug-in callables of ``impl`` for ``router`` (({}) for ``naive``).
 
     Raises:
@@ -57,19 +87,19 @@ def resolve(router: "StreamRouter", impl: str) -> tuple[str, dict]:
     return spec.schedule, {p: spec.point(p) for p in points if spec.point(p) is not None}
 
 
-def _coefficients(r: "StreamRouter", k: int, x: Tensor) -> "Coefficients":
+def _coefficients(r: Router, k: int, x: Tensor) -> Coefficients:
     hook = r.peer.get("coefficients")
     return hook(r, k, x) if hook is not None else r.coefficients(x, r.next_params(k))
 
 
-def _pre_mix(r: "StreamRouter", x: Tensor, a: Tensor) -> Tensor:
+def _pre_mix(r: Router, x: Tensor, a: Tensor) -> Tensor:
     hook = r.peer.get("pre_mix")
     if hook is not None:
         return hook(x, a)
     return torch.einsum("btsd,bts->btd" if a.dim() == 3 else "btsd,s->btd", x, a.to(x.dtype))
 
 
-def _post_res(r: "StreamRouter", x: Tensor, w: Tensor, c: Tensor, u: Tensor) -> Tensor:
+def _post_res(r: Router, x: Tensor, w: Tensor, c: Tensor, u: Tensor) -> Tensor:
     hook = r.peer.get("post_res")
     if hook is not None:
         return hook(x, w, c, u)
@@ -77,9 +107,8 @@ def _post_res(r: "StreamRouter", x: Tensor, w: Tensor, c: Tensor, u: Tensor) -> 
     return torch.einsum(mix, x, w.to(x.dtype)) + c.to(x.dtype).unsqueeze(-1) * u.unsqueeze(-2)
 
 
-def init_state(r: "StreamRouter", embedding: Tensor) -> "StreamState":
+def init_state(r: Router, embedding: Tensor) -> StreamState:
     """X⁰ and sublayer 0's coefficients (naive schedule) or its width connection (width_depth)."""
-    from .hyper import StreamState
     if r.peer_schedule == "width_depth":
         h, mixed, c = r.peer["width"](r, 0, r.peer["expand"](r, embedding))
         return StreamState(mixed, c, h)
@@ -87,16 +116,15 @@ def init_state(r: "StreamRouter", embedding: Tensor) -> "StreamState":
     return StreamState(x, _coefficients(r, 0, x))
 
 
-def read(r: "StreamRouter", state: "StreamState", slot: "Slot") -> Tensor:
+def read(r: Router, state: StreamState, slot: Slot) -> Tensor:
     """h_k: the width connection's branch input, or ``pre_mix`` of the carried coefficients."""
     if r.peer_schedule == "width_depth":
         return state.h
     return _pre_mix(r, state.x, state.coef.a)
 
 
-def write(r: "StreamRouter", state: "StreamState", slot: "Slot", update: Tensor) -> "StreamState":
+def write(r: Router, state: StreamState, slot: Slot, update: Tensor) -> StreamState:
     """The streams after sublayer k, with sublayer k+1's coefficients (none after the last)."""
-    from .hyper import StreamState
     k, last = slot.index, slot.index == len(r.slots) - 1
     if r.peer_schedule == "width_depth":
         xs = r.peer["depth"](r, k, state.x, state.coef, update)
@@ -110,7 +138,7 @@ def _wd(width_out: tuple) -> tuple:
     return mixed, c, h
 
 
-def output(r: "StreamRouter", state: "StreamState") -> Tensor:
+def output(r: Router, state: StreamState) -> Tensor:
     """h_out (B, T, d): the peer's ``reduce`` (width_depth), else the sum or mean of the streams."""
     if r.peer_schedule == "width_depth":
         return r.peer["reduce"](r, state.x)

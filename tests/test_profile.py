@@ -45,6 +45,8 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
         doc = json.load(fh)
     names = {e.get("name") for e in doc["traceEvents"]}
     assert {"router.read", "router.write", "sublayer.attn", "sublayer.mlp"} <= names
+    # Holistic Trace Analysis reads the rank from distributedInfo (else it guesses from the name)
+    assert doc["distributedInfo"] == {"backend": "none", "rank": 0, "world_size": 1}
     assert any(n and n.startswith("ProfilerStep#") for n in names)
     assert not (run_dir / "memory_snapshot.pickle").exists()
 

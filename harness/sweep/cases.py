@@ -93,7 +93,7 @@ def offered_impls(router: str) -> tuple[str, ...]:
 
 def impl_variants(router: str, chosen: list[str], opts: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(impl, options) of each case of ``router``: every chosen impl with ``opts``, a peer that
-    declares conventions (``routers.impls.Impl.options``) with them added, and then every chosen
+    declares conventions (``options`` of :class:`routers.impls.Impl`) with them added, and then every chosen
     built-in under those conventions too, so the peer is compared with ours on the same function
     (``--impls naive,liger_mhc`` on mhc: naive with the paper's options, naive and liger_mhc with
     ``sk_init=softmax_eps``).

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..hyper import Coefficients
+from ..stream_impls import Coefficients
 from ..impls import Impl
 from . import _common
 
