@@ -111,6 +111,9 @@ def test_a_noisy_case_is_re_timed_alone_with_its_prenorm(tmp_path, monkeypatch):
     if max(first["prenorm"], first["rezero"]) > 1.5:   # the machine, not the fault, spread them
         pytest.skip(f"machine too busy: prenorm/rezero IQR {first['prenorm']:.2f}/{first['rezero']:.2f} "
                     "of their medians crossed the threshold the jitter fault is meant to cross alone")
+    if first["haares"] <= 1.5:   # steps so slowed that 300 ms of jitter no longer doubles their spread
+        pytest.skip(f"machine too busy: the jitter fault spread haares by only {first['haares']:.2f} of its "
+                    "median (steps slowed far past ~10 ms), under the threshold it is meant to cross")
     assert sorted(set(st[st.router == "haares"].attempt)) == [1, 2]
     assert set(st[st.router == "rezero"].attempt) == {1}  # quiet: timed once
     partner = st[(st.router == "prenorm") & (st.attempt == 2)]
