@@ -130,18 +130,21 @@ def paired_compare(df: pd.DataFrame, labels: list[str]) -> tuple[pd.DataFrame, p
 
     Returns:
         (side-by-side table: :data:`SHOWN` + one column per run label holding
-        ``"ratio [lo, hi]"`` (3 decimals; ``[–]`` where too few pairs gave no interval);
+        ``"ratio [lo, hi]"`` (3 decimals; ``[–]`` where too few pairs gave no interval; `` noisy``
+        when timed on a busy machine);
         long table: :data:`SHOWN` + ``run`` (label), ``device_name``, ``pairs``, ``ratio``,
-        ``ratio_lo``, ``ratio_hi`` (step time / prenorm, dimensionless)). Both empty without
+        ``ratio_lo``, ``ratio_hi`` (step time / prenorm, dimensionless), ``noisy`` (why either
+        side's last timing was noisy, ``""`` when quiet)). Both empty without
         a paired case common to all runs.
     """
     t = paired.paired_ratio_table(df)
-    long_cols = [*SHOWN, "run", "device_name", "pairs", "ratio", "ratio_lo", "ratio_hi"]
+    long_cols = [*SHOWN, "run", "device_name", "pairs", "ratio", "ratio_lo", "ratio_hi", "noisy"]
     if t.empty:
         return pd.DataFrame(columns=[*SHOWN, *labels]), pd.DataFrame(columns=long_cols)
     t = t.merge(df[["run_id", "device_name"]].drop_duplicates(), on="run_id", how="left")
+    t["noisy"] = t["noisy"].fillna("").astype(str) if "noisy" in t else ""
     t["cell"] = [f"{r:.3f} " + ("[–]" if math.isnan(lo) or math.isnan(hi) else f"[{lo:.3f}, {hi:.3f}]")
-                 for r, lo, hi in zip(t["ratio"], t["ratio_lo"], t["ratio_hi"])]
+                 + (" noisy" if n else "") for r, lo, hi, n in zip(t["ratio"], t["ratio_lo"], t["ratio_hi"], t["noisy"])]
     wide = _by_run(t, PAIRED_CASE, "cell", labels)
     wide = frame.sort_cases(wide[wide.notna().all(axis=1)].reset_index())
     t = t.merge(wide[list(PAIRED_CASE)], on=list(PAIRED_CASE))  # common cases only
@@ -241,6 +244,23 @@ def _cells(t: pd.DataFrame) -> pd.DataFrame:
                                 f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
+def _noise_warning(long: pd.DataFrame, labels: list[str]) -> str:
+    """A warning naming each run whose paired ratios were timed on a busy machine, ``""`` if none."""
+    if long.empty:
+        return ""
+    parts = []
+    for lbl in labels:
+        mine = long[long["run"] == lbl]
+        n = int((mine["noisy"].astype(str) != "").sum())
+        if n:
+            parts.append(f"{lbl}: {n} of {len(mine)}")
+    if not parts:
+        return ""
+    return ("Warning: noisy timings (a busy machine: CPU pressure or utilisation, or the spread, past "
+            "the thresholds of harness/timing/noise.py) in " + "; ".join(parts) + " paired ratios "
+            "(marked noisy). Load can shift a ratio, not only widen its CI: compare these with care.")
+
+
 def build_compare(run_dirs: list[Path | str], out_dir: Path | str) -> dict[str, Path]:
     """Compare runs: tables, figures, ``compare.md`` and ``compare.html`` in ``out_dir``.
 
@@ -280,6 +300,10 @@ def build_compare(run_dirs: list[Path | str], out_dir: Path | str) -> dict[str, 
         f"workload and shape with ok step times in every run); {len(partial)} in only some runs.")),
     ])
     pair = render.Section("Paired ratio to prenorm, side by side", [("text", paired.METHOD)])
+    noisy = _noise_warning(long, labels)
+    if noisy:
+        head.blocks.append(("text", noisy))
+        pair.blocks.insert(0, ("text", noisy))
     if side.empty:
         pair.blocks.append(("text", "No case has paired step times with a prenorm in its group "
                                     "in every run: run `routerbench run --paired` with prenorm "

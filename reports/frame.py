@@ -48,7 +48,7 @@ STATIC_KEYS = ("router", "options", "impl", "workload", *SHAPE_COLS, "variant")
 TRAIN_KEYS = ("run_id", "router", "options", "variant", "seed")
 
 
-_NUMERIC = ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair", "attempt",
+_NUMERIC = ("schema", "d_model", "n_layers", "n_heads", "seq_len", "batch_size", "seed", "repeat", "pair", "attempt",
             "n_pairs", "ci_conf")
 
 
@@ -90,13 +90,17 @@ def _options_label(raw: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(opts.items()))
 
 
-def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd.DataFrame:
-    """Rows of the run directories as one DataFrame (``harness.rundir.records.load_rows``).
+def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
+               attempts: str = "last") -> pd.DataFrame:
+    """Rows of the run directories as one DataFrame (``harness.rundir.records.load_rows``); the
+    documented loading API built on it is :func:`reports.loading.load`.
 
     Args:
         run_dirs: run directories, each holding ``records.jsonl``.
         finished_only: passed to ``load_rows``: rows of a case come only from the session that
             finished it, so an interrupted attempt is not counted twice.
+        attempts: ``"last"``: the rows :func:`last_attempt` keeps; ``"all"``: every row, those not
+            of their case's last own timing marked ``superseded``.
 
     Returns:
         The columns of ``harness.rundir.records.COLUMNS``; ``value``, shape columns, seed, repeat and pair
@@ -111,7 +115,10 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
 
     Raises:
         FileNotFoundError: when a run directory has no ``records.jsonl``.
+        ValueError: ``attempts`` neither ``"last"`` nor ``"all"``.
     """
+    if attempts not in ("last", "all"):
+        raise ValueError(f"attempts must be 'last' or 'all', got {attempts!r}")
     problems: list[str] = []
     df = pd.DataFrame(load_rows(run_dir_paths(run_dirs), finished_only=finished_only, problems=problems),
                       columns=list(COLUMNS))
@@ -124,7 +131,7 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
             df[c] = df[c].astype("int64")
     for c in _TEXT:
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
-    df = last_attempt(df)
+    df = last_attempt(df, keep_all=attempts == "all")
     df["options"] = pd.Series([_options_label(r) for r in df["router_options"]], index=df.index,
                               dtype=str)
     impls = df.groupby("router")["impl"].nunique() if len(df) else pd.Series(dtype=int)
@@ -136,7 +143,7 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True) -> pd
     return df
 
 
-def last_attempt(df: pd.DataFrame) -> pd.DataFrame:
+def last_attempt(df: pd.DataFrame, keep_all: bool = False) -> pd.DataFrame:
     """Keep, of each case, the rows of its last own timing, and the rows that timing pairs with.
 
     A group's timings are numbered by ``attempt`` (1, 2, …; a noisy case is timed again with its
@@ -146,22 +153,29 @@ def last_attempt(df: pd.DataFrame) -> pd.DataFrame:
     timing (a partner's rows in a re-time, or a case's own rows of a timing another case still
     uses) is kept as ``partner_only`` when its timing is the last own timing of some case of the
     same session and unit: it pairs, but never counts as its own case's result
-    (:func:`ok_rows` leaves it out unless asked). Adds ``attempts`` (the case's own timings)
-    and ``partner_only``."""
+    (:func:`ok_rows` leaves it out unless asked). Cases are told apart by run, case key and
+    session, so two runs read together keep each its own attempts. Adds ``attempts`` (the case's
+    own timings) and ``partner_only``; with ``keep_all`` every row stays and ``superseded`` marks
+    those that are not their case's last own timing (earlier attempts, and partner rows)."""
     att = pd.to_numeric(df["attempt"], errors="coerce")
     own = df["pairs_with"].astype(str).isin(["", "None", "nan"]) if "pairs_with" in df else pd.Series(True, index=df.index)
-    who = [df["case_key"], df["session"]]
+    run = df["run_id"].astype(str) if "run_id" in df else pd.Series("", index=df.index)
+    who = [run, df["case_key"], df["session"]]
     last = att.where(own).groupby(who).transform("max")
     keep_own = att.isna() | (own & (att == last))
-    unit = df["session"].astype(str) + "\x1f" + df["resume_unit"].astype(str)
+    unit = run + "\x1f" + df["session"].astype(str) + "\x1f" + df["resume_unit"].astype(str)
     live = set(zip(unit[keep_own & att.notna()], att[keep_own & att.notna()]))
     partner = (~keep_own & (df["metric"] == "step_time")
                & pd.Series([(u, a) in live for u, a in zip(unit, att)], index=df.index, dtype=bool))
     n_own = att.where(own).groupby(who).transform("nunique")
     keep = keep_own | partner
+    if keep_all:
+        keep = pd.Series(True, index=df.index)
     out = df[keep].copy()
     out["attempts"] = n_own[keep].where(n_own[keep] > 0, 1).fillna(1).astype("int64")
     out["partner_only"] = partner[keep].astype(bool)
+    if keep_all:
+        out["superseded"] = ~keep_own
     out.attrs = dict(df.attrs)
     return out
 

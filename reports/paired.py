@@ -79,7 +79,8 @@ def paired_rows(df: pd.DataFrame) -> pd.DataFrame:
     partner's rows of another case's timing included (``partner_only``)."""
     st = frame.ok_rows(frame.cost_rows(df), "step_time", partners=True)
     st = st[st["pair"].notna()]
-    return st.assign(value=st["value"] * st["unit"].map(frame.TO_MS).fillna(1.0))
+    to_ms = pd.to_numeric(st["unit"].map(frame.TO_MS), errors="coerce").astype(float).fillna(1.0)
+    return st.assign(value=st["value"].astype(float) * to_ms)
 
 
 def _own(rows: pd.DataFrame) -> pd.DataFrame:

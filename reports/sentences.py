@@ -206,27 +206,37 @@ def runs_sentence(runs: Any) -> str:
 
 def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str,
          tolerance: float = 0.25) -> str:
-    """``+36 % eager [CI 29 to 41 %]``, or why the number is not given."""
+    """``+36 % eager [CI 29 to 41 %]``; the number is always given, flagged ``(imprecise: CI wider
+    than 25 % of the ratio)`` when its interval is wide, ``(no CI: fewer than 5 pairs)`` when it
+    has none, and ``(noisy group)`` when it was timed on a busy machine; ``""`` without a ratio."""
     if ratio != ratio:
         return ""
-    flag = " (noisy group)" if isinstance(noisy, str) and noisy else ""
-    if hi != hi or lo != lo or (hi - lo) / ratio > tolerance:
-        return f"imprecise {label} (CI wider than {tolerance:.0%} of the ratio)" + flag
 
     def pct(x: float, sign: str = "+") -> str:
         return f"{(x - 1) * 100:{sign}.0f}".replace("-", MINUS)
 
-    return f"{pct(ratio)} % {label} [CI {pct(lo, '')} to {pct(hi, '')} %]" + flag
+    flags = []
+    if hi != hi or lo != lo:
+        text = f"{pct(ratio)} % {label}"
+        flags.append("no CI: fewer than 5 pairs")
+    else:
+        text = f"{pct(ratio)} % {label} [CI {pct(lo, '')} to {pct(hi, '')} %]"
+        if (hi - lo) / ratio > tolerance:
+            flags.append(f"imprecise: CI wider than {tolerance:.0%} of the ratio")
+    if isinstance(noisy, str) and noisy:
+        flags.append("noisy group")
+    return text + "".join(f" ({f})" for f in flags)
 
 
-def cost_sentence(r: dict, tolerance: float = 0.25) -> str:
-    """One sentence of a :func:`cost_summary` row, e.g. "haares two_phase over prenorm at d=256,
-    12 layers, T=256, B=4, fwd_bwd: +36 % eager [CI 29 to 41 %]; +16 % compiled [CI 10 to 21 %];
-    1.40× the saved activations."."""
+def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False) -> str:
+    """One sentence of a :func:`reports.summary.cost_summary` row, e.g. "haares two_phase over
+    prenorm at d=256, 12 layers, T=256, B=4, fwd_bwd: +36 % eager [CI 29 to 41 %]; +16 % compiled
+    [CI 10 to 21 %]; 1.40× the saved activations."; with ``run``, it starts with the row's
+    ``run_id`` ("In run X, …")."""
     parts = [p for p in (_pct(r["eager_ratio"], r["eager_lo"], r["eager_hi"], r["eager_noisy"], "eager", tolerance),
                          _pct(r["compile_ratio"], r["compile_lo"], r["compile_hi"], r["compile_noisy"],
                               "compiled", tolerance)) if p]
     if r.get("saved_ratio") == r.get("saved_ratio") and r.get("saved_ratio") is not None:
         parts.append(f"{r['saved_ratio']:.2f}× the saved activations")
-    return (f"{r['router']} {r['impl']} over prenorm at d={r['d_model']}, {r['n_layers']} layers, "
+    return ((f"In run {r['run_id']}, " if run else "") + f"{r['router']} {r['impl']} over prenorm at d={r['d_model']}, {r['n_layers']} layers, "
             f"T={r['seq_len']}, B={r['batch_size']}, {r['mode']}: " + "; ".join(parts) + ".")

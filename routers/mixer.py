@@ -14,6 +14,12 @@ docs/FLOPS.md (FLOP = 2·FMA; an elementwise op is 1 FLOP per element):
     weighted sum: n·d FMA = 2·n·d
 so 7·n·d + 7·n FLOP per token and read (plus n with a bias); a read over one source is the
 identity and costs 0.
+
+Precision (ROUTERS.md, "Precision"): for bfloat16 and float16 sources the whole read is computed
+in float32 (key RMS, logits, softmax and the weighted sum) and only ``h`` is rounded to the input
+dtype, as FLA's and Liger's references do; float32 and float64 are computed in their own dtype.
+So a bf16 read errs by about the rounding of its output alone, and the parity allowance of a peer
+(harness/sweep/parity.py) rests on that, not on rounding inside the reference.
 """
 
 from __future__ import annotations
@@ -49,21 +55,23 @@ def depth_mix(sources: Sequence[Tensor], query: Tensor, bias: Tensor | None = No
             sources (ones of shape (1, B, T) when n = 1). It changes nothing that is computed.
 
     Returns:
-        h of shape (B, T, d), dtype of the sources.
+        h of shape (B, T, d), dtype of the sources (computed in float32 for 16-bit sources).
     """
     if len(sources) == 1:
         if recorder is not None:
             recorder(sources[0].new_ones((1, *sources[0].shape[:-1])))
         return sources[0]  # softmax over one source is 1: the read is the source itself
     values = torch.stack(tuple(sources), dim=0)                      # (n, B, T, d)
-    keys = F.rms_norm(values, (values.shape[-1],), weight=key_gain, eps=eps)
-    logits = torch.matmul(keys, query)                               # (n, B, T)
+    acc = softmax_dtype(values.dtype)                                # float32 for 16-bit sources
+    v = values.to(acc)
+    keys = F.rms_norm(v, (v.shape[-1],), weight=None if key_gain is None else key_gain.to(acc), eps=eps)
+    logits = torch.matmul(keys, query.to(acc))                       # (n, B, T)
     if bias is not None:
-        logits = logits + bias.view(-1, 1, 1)
-    alpha = torch.softmax(logits, dim=0, dtype=softmax_dtype(values.dtype)).to(values.dtype)
+        logits = logits + bias.to(acc).view(-1, 1, 1)
+    alpha = torch.softmax(logits, dim=0)
     if recorder is not None:
-        recorder(alpha.detach())
-    return torch.einsum("nbt,nbtd->btd", alpha, values)
+        recorder(alpha.detach().to(values.dtype))
+    return torch.einsum("nbt,nbtd->btd", alpha, v).to(values.dtype)
 
 
 def rms(x: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """The pytest-benchmark suite's cases and their one measuring path (harness/ci/suite.py,
 harness/ci/pairbench.py), and the conversion of its JSON into a run directory
-(harness/ci/benchjson.py). No timing decides a test:
+(reports/benchjson.py). No timing decides a test:
 times are only checked to be counted, paired and carried through unchanged."""
 
 import contextlib
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.ci.benchjson import to_run_dir
-from harness.ci.pairbench import PairBench, machine_info
+from harness.ci.benchplugin import machine_info
+from harness.ci.pairbench import PairBench
 from harness.ci.suite import BenchPair, suite_pairs, suite_table
 from harness.costs.flop_counter import count_flops_dispatch
 from harness.rundir.writer import RunWriter
@@ -23,6 +23,7 @@ from harness.sweep.options import SweepOptions
 from harness.sweep.prepare import build_model
 from harness.sweep.run import run_sweep
 from harness.timing.timer import TimingPolicy
+from reports.benchjson import to_run_dir
 from reports.frame import load_frame
 from reports.paired import paired_ratio_table
 from routers import ROUTERS, router_class
@@ -62,7 +63,10 @@ def test_suite_pairs_are_router_vs_prenorm_or_backend_vs_eager():
             assert p.a.router == "prenorm" and p.a.backend == p.b.backend
         else:
             assert (p.a.router, p.a.impl, p.a.backend) == (p.b.router, p.b.impl, "eager")
-    assert {p.group for p in pairs} == {"d64 L4 T64 B8 · fwd", "d64 L4 T64 B8 · fwd_bwd"}
+    assert {p.group for p in pairs} == {"fwd-d64-L4-T64-B8-vs-prenorm", "fwd_bwd-d64-L4-T64-B8-vs-prenorm",
+                                        "fwd_bwd-d64-L4-T64-B8-vs-eager"}
+    assert all(p.group == f"{p.b.mode}-d64-L4-T64-B8-vs-{'prenorm' if p.kind == 'vs_prenorm' else 'eager'}"
+               for p in pairs)
     gpu = suite_pairs("gpu")
     assert {p.b.backend for p in gpu} == {"eager", "compile", "cudagraph"}
     assert {p.b.cfg.d_model for p in gpu} == {256, 1024}
@@ -146,12 +150,42 @@ def test_slow_fault_wraps_only_the_named_case(monkeypatch):
     assert faults.maybe_slow("rezero|{}|naive", step) is not step and faults.maybe_slow("rezero|x", step)() == 1
 
 
-def test_machine_info_names_torch_and_the_device():
+def test_machine_info_holds_identity_only_and_extra_info_the_run():
     info = machine_info(CPU)
-    assert info["routerbench_torch"] == torch.__version__
-    assert info["routerbench_gpu_count"] == 0 and info["routerbench_gpu_name"] is None
-    assert info["routerbench_cpu_model"] and info["routerbench_torch_threads"] == torch.get_num_threads()
-    assert info["routerbench_environment"]["device_name"] == info["routerbench_device_name"]
+    assert info["torch"] == torch.__version__ and info["routerbench"] == 2
+    assert info["gpu_count"] == 0 and info["gpu_name"] is None and info["driver"] is None
+    assert info["cpu_model"] == info["device_name"] and info["cpu_threads"] >= 1
+    assert info["cpu_cores"] is None or 1 <= info["cpu_cores"] <= info["cpu_threads"]
+    assert set(info) == {"routerbench", "device", "device_name", "cpu_model", "cpu_cores", "cpu_threads",
+                         "gpu_name", "gpu_count", "driver", "cuda", "cudnn", "torch", "triton", "python",
+                         "machine", "system"}  # no hostname, command line, clock or frequency
+    a, b = Case("prenorm", TINY, "fwd"), Case("rezero", TINY, "fwd")
+    with PairBench(BenchPair("vs_prenorm", a, b, 5), CPU, QUICK) as pb:
+        for _ in range(5):
+            pb.round()
+        extra = pb.finish()
+    assert extra["routerbench"] == 2 and extra["argv"] == sys.argv and extra["hostname"]
+    assert extra["environment"]["device_name"] == info["device_name"] and extra["sm_clock_mhz"] is None
+
+
+def test_pedantic_hooks_time_the_measured_side_as_target_and_the_baseline_by_abba():
+    a, b = Case("prenorm", TINY, "fwd"), Case("rezero", TINY, "fwd")
+    with PairBench(BenchPair("vs_prenorm", a, b, 6), CPU, QUICK) as pb:
+        calls = []
+        for key in (a.key, b.key):
+            real = pb.steps[key]
+            pb.steps[key] = lambda real=real, key=key: (calls.append(key), real())[1]
+        kw = pb.pedantic(6)
+        assert kw["rounds"] == 6 and kw["iterations"] == 1 and kw["warmup_rounds"] == 0
+        for _ in range(6):  # pytest-benchmark's pedantic loop: setup, timed target, teardown
+            kw["setup"]()
+            n_before = len(calls)
+            kw["target"]()
+            assert calls[n_before:] == [b.key]  # the recorded call runs the router alone
+            kw["teardown"]()
+        info = pb.finish()
+    assert calls == [a.key, b.key, b.key, a.key] * 3  # ABBA across rounds
+    assert info["pairs"] == 6
 
 
 def _bench_json(tmp_path, pairs):
@@ -194,6 +228,31 @@ def test_bench_json_becomes_a_run_dir_with_the_same_paired_ratios(tmp_path):
     bad.write_text('{"benchmarks": [{"name": "x", "extra_info": {"routerbench": 1, "rows": 3}}]}')
     with pytest.raises(ConfigError, match=r"benchmarks\[0\] \(x\): extra_info.rows"):
         to_run_dir(bad, tmp_path / "b2")
+    bad.write_text('{"benchmarks": [{"name": "x", "extra_info": {"routerbench": 9, "rows": []}}]}')
+    with pytest.raises(ConfigError, match=r"layout 9; this routerbench reads layouts 1, 2"):
+        to_run_dir(bad, tmp_path / "b3")
+
+
+def test_a_bench_json_of_layout_1_reads_as_before(tmp_path):
+    """Stored baselines of layout 1 kept the environment and command line in machine_info."""
+    a = Case("prenorm", TINY, "fwd")
+    path, benches = _bench_json(tmp_path, [BenchPair("vs_prenorm", a, Case("rezero", TINY, "fwd"), 5)])
+    data = json.loads(path.read_text())
+    ei = data["benchmarks"][0]["extra_info"]
+    data["machine_info"] = {"node": "host-a", "cpu": {"brand_raw": "x"}, "routerbench_argv": ["pytest", "-q"],
+                            "routerbench_environment": ei.pop("environment")}
+    for k in ("argv", "hostname", "sm_clock_mhz", "cpu_mhz"):
+        ei.pop(k)
+    ei["routerbench"] = 1
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    new_run, old_run = to_run_dir(path, tmp_path / "new"), to_run_dir(old, tmp_path / "old")
+    m_new, m_old = (json.loads((r / "manifest.json").read_text()) for r in (new_run, old_run))
+    assert m_old["environment"] == m_new["environment"] and m_old["command_line"] == "pytest -q"
+    assert m_new["command_line"] == " ".join(sys.argv)
+    assert m_old["pytest_benchmark"]["layouts"] == [1] and m_new["pytest_benchmark"]["layouts"] == [2]
+    t_new, t_old = (paired_ratio_table(load_frame([r])) for r in (new_run, old_run))
+    assert t_new[["ratio", "ratio_lo", "ratio_hi"]].equals(t_old[["ratio", "ratio_lo", "ratio_hi"]])
 
 
 def test_report_command_reads_a_bench_json(tmp_path):

@@ -44,7 +44,7 @@ def test_run_end_to_end_and_resume(tmp_path):
     n_lines = len(read_jsonl(run_dir / "records.jsonl"))
     res = invoke(*args)
     assert res.exit_code == 0, res.output
-    assert "resuming" in res.output and "'resumed': 8" in res.output
+    assert "resuming" in res.output and "cost sweep: 8 resumed" in res.output
     assert len(pd.DataFrame(load_rows([run_dir])).query("metric == 'step_time'")) == len(st)
     lines = read_jsonl(run_dir / "records.jsonl")
     assert len(lines) == n_lines and END in lines[-1]  # nothing appended, still ends in a marker

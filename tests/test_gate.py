@@ -352,7 +352,8 @@ def test_slow_fault_needs_its_delay():
 def test_bench_json_results_and_baseline(tmp_path):
     import torch
 
-    from harness.ci.pairbench import PairBench, machine_info
+    from harness.ci.benchplugin import machine_info
+    from harness.ci.pairbench import PairBench
     from harness.ci.suite import BenchPair
     from harness.sweep.cases import Case
     from harness.sweep.options import SweepOptions

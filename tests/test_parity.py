@@ -101,3 +101,22 @@ def test_full_attnres_past_32_sources_and_single_source_reads_through_every_avai
     assert router_parity("full_attnres", {}, "naive", 16, 17, 1, 4, torch.float64, CPU).max_rel_err == 0
     if not tried:
         pytest.skip("no peer adapter can run here: " + "; ".join(f"{k}: {v}" for k, v in why.items()))
+
+
+def _drop_past_32(sources, query, bias, key_gain, eps):
+    """A planted wrong kernel, Liger-Kernel#1344 in small: every source past the 32nd is lost."""
+    if len(sources) > 32:
+        sources, bias = sources[:32], None if bias is None else bias[:32]
+    return depth_mix(sources, query, bias, key_gain, eps)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd_bwd"])
+def test_the_bf16_floor_catches_one_source_dropped_of_33_and_naive_passes_against_itself(backward):
+    """Full AttnRes with 16 layers: the readout mixes 33 sources (e and 32 sublayer outputs); a kernel
+    that drops the 33rd fails bfloat16 parity by a wide margin (about 3.5x its allowance at d=64,
+    T=32), while naive passes against itself (its error is its own rounding through the chain)."""
+    with impls.registered(impls.Impl("drop_past_32", ("full_attnres",), "naive", mix=_drop_past_32)):
+        res = router_parity("full_attnres", {}, "drop_past_32", 64, 16, 1, 32, torch.bfloat16, CPU, backward)
+    assert not res.ok and res.max_rel_err > 2 * res.tolerance, res.message()
+    own = router_parity("full_attnres", {}, "naive", 64, 16, 1, 32, torch.bfloat16, CPU, backward)
+    assert own.ok and own.max_rel_err < own.tolerance, own.message()

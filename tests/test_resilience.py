@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,28 +86,64 @@ def assert_no_orphans(d: Path) -> None:
     assert not (d / "done.jsonl").exists()
 
 
-@pytest.mark.slow
-def test_sigkill_inside_a_group_then_resume_equals_an_uninterrupted_run(tmp_path):
-    ref = start(SWEEP, tmp_path, "ref", repeats=6)
+#: The group killed by the fault hook: every case at d=24 in fwd_bwd (a later group than the first).
+KILLED_GROUP = "*|fwd_bwd|*|24|2|*"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of SWEEP (what a killed and resumed run must equal)."""
+    out = tmp_path_factory.mktemp("ref")
+    ref = start(SWEEP, out, "ref", repeats=6)
     assert ref.wait(timeout=300) == 0, ref.communicate()
-    p = start(SWEEP, tmp_path, "killed", repeats=6)
-    wait_for(lambda: mid_group(tmp_path, "killed"), proc=p)
-    p.kill()
-    p.wait(timeout=30)
-    d = run_dir(tmp_path, "killed")
-    staged = {r["case_key"] for f in (d / PENDING_DIR).glob("*.jsonl") for r in read_jsonl(f)}
-    assert staged and not staged & set(completed_cases(d))
+    return run_dir(out, "ref")
+
+
+def _killed(tmp_path, fault):
+    p = start(SWEEP, tmp_path, "killed", repeats=6, env={"ROUTERBENCH_FAULT": fault})
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == -signal.SIGKILL, err  # killed at the named point, not by a timer
+    return run_dir(tmp_path, "killed")
+
+
+def _resume(tmp_path, reference):
     res = start(SWEEP, tmp_path, "killed", repeats=6)
     _, err = res.communicate(timeout=300)
     assert res.returncode == 0, err
+    d = run_dir(tmp_path, "killed")
     # records.jsonl alone (no done.jsonl): exactly the uninterrupted run's rows, none twice
     assert_no_orphans(d)
-    assert signature(d) == signature(run_dir(tmp_path, "ref"))
+    assert signature(d) == signature(reference)
     assert len(completed_cases(d)) == N_CASES
+    return d
+
+
+def _aborted_rows(d):
+    return [r for f in (d / ABORTED_DIR).glob("*.jsonl") if f.name != "index.jsonl" for r in read_jsonl(f)]
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_group_then_resume_equals_an_uninterrupted_run(tmp_path, reference):
+    d = _killed(tmp_path, f"kill_in_unit=5:{KILLED_GROUP}")  # SIGKILL at the group's 5th staged row
+    staged = {r["case_key"] for f in (d / PENDING_DIR).glob("*.jsonl") for r in read_jsonl(f)}
+    assert any(m["cases"] for m in units(d))  # a group committed before
+    assert staged and not staged & set(completed_cases(d))
+    d = _resume(tmp_path, reference)
     # the killed group's partial rows are kept in aborted/, not in the records
-    aborted = [r for f in (d / ABORTED_DIR).glob("*.jsonl") if f.name != "index.jsonl" for r in read_jsonl(f)]
+    aborted = _aborted_rows(d)
     assert aborted and {r["case_key"] for r in aborted} == staged
     assert {r["resume_unit"] for r in aborted}.isdisjoint({r["resume_unit"] for r in load_rows([d])})
+
+
+@pytest.mark.slow
+def test_sigkill_between_commit_and_cleanup_never_moves_committed_rows_to_aborted(tmp_path, reference):
+    d = _killed(tmp_path, f"kill_after_commit:{KILLED_GROUP}")
+    left = list((d / PENDING_DIR).glob("*.jsonl"))
+    committed = {m[END] for m in units(d)}
+    assert len(left) == 1 and left[0].stem in committed  # the committed unit's pending file is left
+    d = _resume(tmp_path, reference)
+    assert not _aborted_rows(d)  # dropped as committed, not moved to aborted/
+    assert not list((d / PENDING_DIR).glob("*.jsonl"))
 
 
 @pytest.mark.slow
@@ -200,3 +237,28 @@ def test_an_injected_oom_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
     assert len(oom) == 1 and oom[0]["router"] == "haares" and "CUDA out of memory" in oom[0]["error"]
     assert completed_cases(tmp_path)[oom[0]["case_key"]] == "oom"
     assert sum(r["metric"] == "step_time" and r["status"] == "ok" for r in rows) == 4
+
+
+@pytest.mark.slow
+def test_status_of_a_copied_run_dir_says_how_to_resume_that_directory(tmp_path):
+    """A copy is not at <out>/<device>/<run-id>: status says so and how to put it there; its
+    command then resumes the copy (not a fresh run beside it)."""
+    one = ["run", "--routers", "prenorm,rezero", "--widths", "16", "--depths", "2", "--modes", "fwd",
+           "--warmup-s", "0.1", "--backends", "eager", "--impls", "naive", "--no-train", "--no-report",
+           "--no-flops", "--quiet"]
+    p = start(one, tmp_path / "out", "orig", repeats=3, env={"ROUTERBENCH_FAULT": "kill_in_unit=3:rezero|*"})
+    p.communicate(timeout=300)
+    assert p.returncode == -signal.SIGKILL
+    copy = tmp_path / "elsewhere" / "mine"
+    shutil.copytree(run_dir(tmp_path / "out", "orig"), copy, ignore=shutil.ignore_patterns(".lock"))
+    out = subprocess.run(CLI + ["status", str(copy)], capture_output=True, text=True, timeout=120)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("resume:")]
+    assert out.returncode == 0 and len(line) == 1 and "not in place" in line[0], out.stdout
+    move, cmd = line[0].split("first (", 1)[1].split("), then: ", 1)
+    subprocess.run(move, shell=True, check=True)
+    home = next((tmp_path / "elsewhere").glob(f"*/{copy.name}"))
+    res = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert len(completed_cases(home)) == 2 and not list((tmp_path / "elsewhere").glob("*/orig"))
+    out = subprocess.run(CLI + ["status", str(home)], capture_output=True, text=True, timeout=120)
+    assert "resume:    nothing left to do" in out.stdout, out.stdout

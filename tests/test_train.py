@@ -255,3 +255,16 @@ def test_rows_staged_after_the_last_committed_checkpoint_go_to_aborted(tmp_path,
     assert sorted(r["metric"] for r in aborted if r["repeat"] == 6) == ["elapsed", "tokens", "train_loss", "val_loss"]
     assert _cli(tmp_path, "w", extra, None, data).returncode == 0
     assert curves(d) == curves(_run_dir(tmp_path, "w"))
+
+
+def test_a_frequent_evaluation_cadence_states_its_cost(tmp_path, corpus):
+    """--eval-every 3 (< 5 steps): train says how many evaluations and checkpoints each run makes."""
+    out = _cli(tmp_path, "often", ["--routers", "prenorm", "--target-loss", "3.9"], data=Path(corpus.path))
+    assert out.returncode == 0, out.stderr
+    note = [ln for ln in out.stdout.splitlines() if ln.startswith("note: evaluating and checkpointing")]
+    assert len(note) == 1 and "every 3 steps: 4 evaluations and checkpoints" in note[0], out.stdout
+    from harness.cli.train import _n_params
+    from workloads.config import DecoderConfig
+    cfg = DecoderConfig(d_model=32, n_layers=2, n_heads=2, seq_len=32, batch_size=8)
+    assert _n_params(cfg) == sum(p.numel() for p in __import__("workloads.decoder", fromlist=["Decoder"])
+                                 .Decoder(cfg).parameters())

@@ -4,31 +4,35 @@ Each benchmark is a **pair** (:class:`harness.ci.suite.BenchPair`): a router aga
 on the same backend, or a compiled (or graph-replayed) step against the eager step of the same
 router. :class:`PairBench` prepares both sides with :func:`harness.sweep.prepare.prepare_group`,
 the function ``routerbench run`` prepares a group with (parameters, FLOPs, saved activations, CUDA
-peak memory, compile warm-up or CUDA-graph capture, warm-up); its :meth:`PairBench.round` is the
-benchmark's callable and times one interleaved round of the pair with
-:func:`harness.timing.paired.time_paired` under the recompile guard (CUDA events and a wait on the
-end event on a GPU, so kernels are timed, not launches; ABBA order across rounds), and
-:meth:`PairBench.finish` writes the timing rows and noise readings with
-:func:`harness.sweep.timed.record_attempt`, as ``run`` does. pytest-benchmark's own table then
-shows the host time of one round (both sides, synchronised); ``extra_info``
+peak memory, compile warm-up or CUDA-graph capture, warm-up). :meth:`PairBench.pedantic` gives
+``benchmark.pedantic`` its arguments: the **target** (the time pytest-benchmark records) is one
+step of the measured case, and the baseline's step runs untimed by pytest-benchmark in ``setup``
+or ``teardown``, before or after it by ABBA order (:func:`harness.timing.paired.round_order`), so
+``--benchmark-compare-fail`` sees the router's (or the compiled step's) time, never diluted by
+prenorm's. Both sides are also timed as ``routerbench run`` times a pair (CUDA events and a wait
+on the end event on a GPU, so kernels are timed, not launches; ``perf_counter`` on CPU), under the
+recompile guard; :meth:`PairBench.finish` writes those timing rows and noise readings with
+:func:`harness.sweep.timed.record_attempt`, as ``run`` does. ``extra_info``
 (:meth:`PairBench.extra_info`) holds each side's median, the per-pair ratio with its bootstrap
-interval, FLOPs with their convention, saved-activation bytes, CUDA peak memory, tokens/s, MFU,
-the noise readings, and every record row (``rows``), so ``routerbench report bench.json``
-(:mod:`harness.ci.benchjson`) rebuilds the run's report and ``routerbench gate`` checks it like a
-results directory.
+interval (the paired, statistically honest comparison: pytest-benchmark's compare is unpaired
+across runs), FLOPs with their convention, saved-activation bytes, CUDA peak memory, tokens/s,
+MFU, the noise readings, what differs between runs on one machine (hostname, command line,
+clocks, environment; :func:`harness.ci.benchplugin.run_info`), and every record row (``rows``), so
+``routerbench report bench.json`` (:mod:`reports.benchjson`) rebuilds the run's report and
+``routerbench gate`` checks it like a results directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
+import time
 from typing import Any, Callable
 
 import torch
 
 from harness.costs.peak import model_flops_per_step, peak_flops, tokens_per_step
-from harness.rundir.environment import device_name, environment
+from harness.rundir.environment import device_name
 from harness.rundir.writer import MemoryWriter
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI, bootstrap_ratio_ci
 from harness.step import backends
@@ -36,9 +40,10 @@ from harness.sweep import prepare, timed
 from harness.sweep.cases import Case
 from harness.sweep.options import SweepOptions
 from harness.timing import noise, paired
-from harness.timing.timer import synchronize
+from harness.timing.timer import synchronize, time_steps
 from routers import BASELINE
 
+from .benchplugin import run_info
 from .suite import BenchPair
 
 #: What a dispatch-counted FLOP is (docs/FLOPS.md).
@@ -46,8 +51,9 @@ FLOP_CONVENTION = ("FLOP = 2 x multiply-add, counted at dispatch by harness.cost
                    "uncompiled model (docs/FLOPS.md)")
 
 
-#: Version of the ``extra_info`` layout.
-EXTRA_SCHEMA = 1
+#: Version of the ``extra_info`` layout (2: ``hostname``, ``argv``, clocks and ``environment``
+#: moved here from ``machine_info``; the recorded time is the measured side only).
+EXTRA_SCHEMA = 2
 
 
 class PairBench:
@@ -62,7 +68,7 @@ class PairBench:
 
     Attributes (after entering):
         error: ``None``, or the failing case's status and error text (e.g. an ``oom`` row):
-            the benchmark should fail with it; :meth:`round` must not be called.
+            the benchmark should fail with it; nothing may be timed.
     """
 
     def __init__(self, pair: BenchPair, device: torch.device, opts: SweepOptions | None = None) -> None:
@@ -83,25 +89,68 @@ class PairBench:
             self.error = f"{group.status[key]}: {why} ({key})"
             return self
         self.steps: dict[str, Callable[[], object]] = {a.key: group.steps[a.key], b.key: group.steps[b.key]}
+        t0 = time.perf_counter()
         for step in self.steps.values():  # one untimed round re-warms each after the other's set-up
             step()
         synchronize(self.device)
+        #: Host time of one round of the pair (both sides), s: the estimate ``--benchmark-max-time``
+        #: divides (:func:`harness.ci.benchplugin.bench_rounds`).
+        self.round_s = time.perf_counter() - t0
         self._backend = "compile" if "compile" in (a.backend, b.backend) else b.backend
         return self
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
-    def round(self) -> None:
-        """Time one interleaved round of the pair (the benchmark's callable)."""
+    def _start(self) -> None:
         if self._probe is None:
             self._clocks.append(noise.sm_clock_mhz(self.device))
             self._probe = noise.Probe().__enter__()
+
+    def _time(self, case: Case) -> None:
+        with backends.recompile_guard(self._backend):
+            self.times[case.key] += time_steps(self.steps[case.key], self.device, 1)
+
+    def _baseline_first(self) -> bool:
+        """Whether the baseline ``a`` runs first in the round about to be (or just) timed."""
+        a, b = self.pair.a, self.pair.b
+        i = len(self.times[a.key])
+        return paired.round_order([a.key, b.key], i, self.opts.pair_order)[0] == a.key
+
+    def round(self) -> None:
+        """Time one interleaved round of the pair, both sides, in ABBA order (for callers outside
+        pytest-benchmark; the suite uses :meth:`pedantic`)."""
+        self._start()
         with backends.recompile_guard(self._backend):
             t = paired.time_paired(self.steps, self.device, 1, self.opts.pair_order,
                                    first_round=len(self.times[self.pair.a.key]))
         for k, v in t.items():
             self.times[k] += v
+
+    def setup(self) -> None:
+        """``pedantic``'s setup, untimed by pytest-benchmark: on a round whose ABBA order puts the
+        baseline first, time the baseline ``a`` (its time goes to the pairs, not to the
+        benchmark's statistics)."""
+        self._start()
+        if self._baseline_first():
+            self._time(self.pair.a)
+
+    def target(self) -> None:
+        """``pedantic``'s target, the time pytest-benchmark records: one step of the measured case
+        ``b`` (host time; on CUDA the call waits on the step's end event, so it covers the kernels;
+        its CUDA-event time goes to the pairs)."""
+        self._time(self.pair.b)
+
+    def teardown(self) -> None:
+        """``pedantic``'s teardown, untimed: on a round whose order puts ``b`` first, time ``a``."""
+        if len(self.times[self.pair.a.key]) < len(self.times[self.pair.b.key]):
+            self._time(self.pair.a)
+
+    def pedantic(self, rounds: int) -> dict[str, Any]:
+        """Keyword arguments of ``benchmark.pedantic`` timing ``rounds`` pairs: the measured
+        case's step is the target, the baseline's is run in setup or teardown by ABBA order."""
+        return {"target": self.target, "setup": self.setup, "teardown": self.teardown,
+                "rounds": rounds, "iterations": 1, "warmup_rounds": 0}
 
     def finish(self) -> dict[str, Any]:
         """Write the timing and noise rows of the rounds run (one attempt, paired with ``a``, by
@@ -145,8 +194,9 @@ class PairBench:
         ``fwd_bwd``), ``cuda_peak_allocated_bytes``, ``compile_time_s``/``capture_time_s``,
         ``tokens_per_s``, ``model_tflops``, ``mfu_pct`` (None on a CPU or an unknown GPU),
         ``noise`` (the readings of ``b``) and ``noisy`` (why either side's timing counts as noisy,
-        "" when quiet; a noisy benchmark is flagged, not re-timed: pytest-benchmark fixes the
-        rounds),
+        "" when quiet; a noisy benchmark is flagged, not re-timed within the benchmark),
+        :func:`harness.ci.benchplugin.run_info` (``hostname``, ``argv``, ``sm_clock_mhz``,
+        ``cpu_mhz``, ``environment``),
         and ``rows``: every record row of both cases (non-null columns only).
         """
         a, b = self.pair.a, self.pair.b
@@ -197,6 +247,7 @@ class PairBench:
             "mfu_pct": tflops * 1e12 / peak * 100 if tflops and peak else None,
             "noise": readings,
             "noisy": "; ".join(reasons),
+            **run_info(self.device),
             "rows": [{k: v for k, v in r.items() if v is not None} for r in self.w.rows],
         }
 
@@ -208,31 +259,3 @@ def _step_flops(fwd: float | None, bwd: float | None, mode: str) -> float | None
     if mode in ("fwd_bwd", "train_step"):
         return None if bwd is None else fwd + bwd
     return fwd
-
-
-def machine_info(device: torch.device | str | None = None) -> dict[str, Any]:
-    """What pytest-benchmark's ``machine_info`` gets from routerbench: GPU name and count,
-    driver, CUDA, cuDNN, torch, Triton, CPU model and threads, and on CUDA the SM clock now
-    (MHz; read, never set). Keys ``routerbench_*`` plus the whole
-    :func:`harness.rundir.environment.environment` as ``routerbench_environment`` (the device
-    identity the gate compares), and ``routerbench_argv`` (the command line, for the manifest of
-    :mod:`harness.ci.benchjson`)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    env = environment(device)
-    try:
-        import triton
-        triton_version = triton.__version__
-    except Exception:  # noqa: BLE001 - absent on CPU builds
-        triton_version = None
-    return {
-        "routerbench_device": env["device"], "routerbench_device_name": env["device_name"],
-        "routerbench_gpu_name": env["device_name"] if device.type == "cuda" else None,
-        "routerbench_gpu_count": env["gpu_count"], "routerbench_driver": env.get("driver"),
-        "routerbench_cuda": env["cuda"], "routerbench_cudnn": env["cudnn"],
-        "routerbench_torch": env["torch"], "routerbench_triton": triton_version,
-        "routerbench_cpu_model": env["cpu_model"], "routerbench_cpu_count": env["cpu_count"],
-        "routerbench_torch_threads": env["torch_threads"],
-        "routerbench_sm_clock_mhz": noise.sm_clock_mhz(device),
-        "routerbench_argv": list(sys.argv),
-        "routerbench_environment": env,
-    }

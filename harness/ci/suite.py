@@ -95,9 +95,12 @@ class BenchPair:
 
     @property
     def group(self) -> str:
-        """pytest-benchmark's group: shape and mode (``d64 L4 T64 B8 · fwd_bwd``)."""
+        """pytest-benchmark's group: mode, shape and what is compared, ASCII only (it names
+        ``--benchmark-histogram``'s files): ``fwd_bwd-d64-L4-T64-B8-vs-prenorm`` (routers against
+        prenorm on one backend) or ``…-vs-eager`` (compiled or graph-replayed steps against eager)."""
         c = self.b.cfg
-        return f"d{c.d_model} L{c.n_layers} T{c.seq_len} B{c.batch_size} · {self.b.mode}"
+        vs = "prenorm" if self.kind == "vs_prenorm" else "eager"
+        return f"{self.b.mode}-d{c.d_model}-L{c.n_layers}-T{c.seq_len}-B{c.batch_size}-vs-{vs}"
 
 
 def _variant(case: Case) -> str:

@@ -68,8 +68,8 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import compare, data, diagnose, gate, listing, profile, report, run, status, study, train
-    for mod in (listing, run, train, study, profile, report, compare, gate, diagnose, status, data):
+    from . import compare, data, diagnose, export, gate, listing, profile, report, run, status, study, train
+    for mod in (listing, run, train, study, profile, report, compare, gate, export, diagnose, status, data):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
 

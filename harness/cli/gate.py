@@ -23,7 +23,7 @@ COLUMNS = ["rule", "metric", "case", "ratio", "CI", "limit", "verdict", "note"]
 def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
     """The run directories named by ``paths``: run directories, folders holding them
     (:func:`harness.cli.report.run_dirs`), or pytest-benchmark JSON files, each converted into a
-    run directory under ``tmp`` (:func:`harness.ci.benchjson.to_run_dir`).
+    run directory under ``tmp`` (:func:`reports.benchjson.to_run_dir`).
 
     Raises:
         ConfigError: a path that is neither, a folder without run directories, a malformed JSON.
@@ -32,9 +32,9 @@ def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
     for i, p in enumerate(map(Path, paths)):
         if p.is_file() and p.suffix == ".json":
             try:
-                from harness.ci.benchjson import to_run_dir
+                from reports.benchjson import to_run_dir
             except ImportError:
-                raise ConfigError(f"{what}: {p}: reading pytest-benchmark JSON needs harness.ci.benchjson, "
+                raise ConfigError(f"{what}: {p}: reading pytest-benchmark JSON needs reports.benchjson, "
                                   "missing from this checkout") from None
             out.append(Path(to_run_dir(p, tmp / f"{i}-{p.stem}")))
         elif p.is_dir():
@@ -135,12 +135,18 @@ def _ci(r) -> str:
     return f"{r['lo']:.2f}–{r['hi']:.2f}" if math.isfinite(r["lo"]) and math.isfinite(r["hi"]) else "—"
 
 
+#: Width at which the console table wraps its note column (the markdown keeps each note on one line).
+NOTE_WIDTH = 60
+
+
 def render(results, fmt: str = "simple") -> str:
-    """The table of :data:`COLUMNS` (``tabulate`` format ``fmt``, e.g. ``"github"``)."""
+    """The table of :data:`COLUMNS` (``tabulate`` format ``fmt``, e.g. ``"github"``); in a console
+    format the note wraps at :data:`NOTE_WIDTH` characters, so the case stays on screen."""
     from tabulate import tabulate
     body = [[r["rule"], r["metric"], r["case"], _num(r["ratio"]), _ci(r), f"{r['limit']:.2f}",
              r["verdict"], r["note"]] for _, r in results.iterrows()]
-    return tabulate(body, headers=COLUMNS, tablefmt=fmt, disable_numparse=True)
+    wrap = None if fmt == "github" else [None] * (len(COLUMNS) - 1) + [NOTE_WIDTH]
+    return tabulate(body, headers=COLUMNS, tablefmt=fmt, disable_numparse=True, maxcolwidths=wrap)
 
 
 def fail_lines(results) -> list[str]:
@@ -168,7 +174,8 @@ def baseline_blockers(table) -> str:
     waiting = table["note"].str.startswith(("no baseline yet", "not in the baseline"))
     unsure = table[(table["verdict"] == "inconclusive") & ~waiting & (table["case"] != NO_CASE)]
     if len(unsure):
-        return f"{len(unsure)} check(s) inconclusive, e.g. {unsure['rule'].iloc[0]}: {unsure['note'].iloc[0]}"
+        first = unsure.iloc[0]
+        return f"{len(unsure)} check(s) inconclusive, e.g. {first['rule']} on {first['case']}: {first['note']}"
     return ""
 
 

@@ -38,7 +38,7 @@ def profile_cmd(config, **cli) -> None:
         with run.writer.unit([case.key], kind="profile") as u:
             try:
                 res = profile_case(case, run.device, run.dir, wait=p.wait, warmup=p.warmup, active=p.active,
-                                   writer=u, methods=p.methods, pairs=p.pairs,
+                                   writer=u, methods=p.methods, pairs=p.pairs or 10,
                                    memory_snapshot=p.memory_snapshot, max_entries=p.max_entries or 100_000)
             except Exception as exc:  # noqa: BLE001 - recorded as the case's row, then one line
                 oom = isinstance(exc, torch.cuda.OutOfMemoryError)
@@ -51,7 +51,9 @@ def profile_cmd(config, **cli) -> None:
                            "or --d-model if it is memory", err=True)
                 sys.exit(1)
             u.commit({case.key: "ok"})
-    click.echo(res["table"].to_string(index=False, na_rep="–", float_format=lambda v: f"{v:.3f}"))
+    shown = res["table"].copy()  # calls per step are counts: "1", "2.5", never "1.000"
+    shown["calls"] = shown["calls"].map(lambda v: "–" if v != v else f"{v:g}").astype(object)
+    click.echo(shown.to_string(index=False, na_rep="–", float_format=lambda v: f"{v:.3f}"))
     click.echo("router share: " + ", ".join(f"{m} {v:.1f} %" for m, v in res["router_share_by_method"].items()))
     click.echo(f"trace: {res['trace_dir']}  (tensorboard --logdir, ui.perfetto.dev, HTA TraceAnalysis)")
     if res["memory_snapshot"]:

@@ -6,49 +6,29 @@ from pathlib import Path
 
 import click
 
-from harness.rundir.records import RECORDS_FILE
 from routers.errors import ConfigError
 
 
 def run_dirs(results, bench_out: str = "beside") -> list[Path]:
     """The run directories named by RESULTS: each one itself, or every run directory below it; a
     pytest-benchmark JSON (``*.json``) is converted to a run directory first
-    (:func:`harness.ci.benchjson.to_run_dir`): ``bench_out="beside"`` writes it beside the file
+    (:func:`reports.benchjson.to_run_dir`): ``bench_out="beside"`` writes it beside the file
     (``bench.json`` -> ``bench/``, where its report goes), ``"temp"`` into a temporary directory
-    removed when the process exits (for commands that only read).
+    removed when the process exits (for commands that only read). The rules are
+    :func:`reports.loading.find_runs`'s, which :func:`reports.load` shares.
 
     Raises:
         ConfigError: a path that does not exist or holds no run directory, or a malformed JSON.
     """
-    from harness.ci.benchjson import default_out, is_bench_json, to_run_dir
-    out: list[Path] = []
-    for r in results:
-        d = Path(r)
-        if is_bench_json(d):
-            if bench_out == "temp":
-                import atexit
-                import tempfile
-                tmp = tempfile.TemporaryDirectory(prefix="routerbench-bench-")
-                atexit.register(tmp.cleanup)
-                target = Path(tmp.name) / d.stem
-            else:
-                target = default_out(d)
-            out.append(to_run_dir(d, target))
-            continue
-        if not d.exists():
-            raise ConfigError(f"RESULTS: {d} does not exist; give run directories "
-                              "(results/<device>/<run-id>), folders that hold them, or a "
-                              "pytest-benchmark JSON (*.json)")
-        if not d.is_dir():
-            raise ConfigError(f"RESULTS: {d} is not a directory; give run directories "
-                              "(results/<device>/<run-id>), folders that hold them, or a "
-                              "pytest-benchmark JSON (*.json)")
-        found = [d] if (d / RECORDS_FILE).is_file() else sorted(p.parent for p in d.rglob(RECORDS_FILE))
-        if not found:
-            raise ConfigError(f"RESULTS: no {RECORDS_FILE} in or below {d}: no unit of that run was "
-                              "finished yet (routerbench status RUN_DIR)")
-        out += [p for p in found if p not in out]
-    return out
+    from reports.loading import find_runs
+    root = None
+    if bench_out == "temp" and any(Path(r).suffix == ".json" for r in results):
+        import atexit
+        import tempfile
+        tmp = tempfile.TemporaryDirectory(prefix="routerbench-bench-")
+        atexit.register(tmp.cleanup)
+        root = tmp.name
+    return find_runs(results, bench_root=root)
 
 
 def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
@@ -109,7 +89,8 @@ def parse_noise_thresholds(text: str | None) -> dict | None:
 @click.command("summary")
 @click.argument("results", nargs=-1, required=True)
 def summary_cmd(results) -> None:
-    """Print step time per case: vs prenorm, vs eager, and compile/capture time apart."""
+    """Print step time per case: vs prenorm, vs eager, and compile/capture time apart (with a run
+    column when several runs are given)."""
     from reports.frame import load_frame
     from reports.tables import backend_table
     t = backend_table(load_frame(run_dirs(results, bench_out="temp")))
@@ -121,6 +102,8 @@ def summary_cmd(results) -> None:
                  backend=t.backend + t.compile_mode.map(lambda m: f"[{m}]" if m else "")
                  + t.compile_scope.map(lambda m: f"[{m}]" if m else ""))
     cols = ["shape", "mode", "backend", "router", "impl", "median_ms", "overhead_pct", "vs_eager", "setup_s"]
+    if t["run_id"].nunique() > 1:  # runs read together: each row's run, never pooled
+        t, cols = t.rename(columns={"run_id": "run"}), ["run", *cols]
     click.echo(t[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="–"))
 
 

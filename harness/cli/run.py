@@ -66,13 +66,13 @@ def run_cmd(config, dry_run, **cli) -> None:
     if split:
         click.echo(f"note: {len(split)} paired group(s) do not fit in {budget / 2**30:.1f} GiB by estimate "
                    "and are split into subgroups that each hold prenorm (manifest: group_memory)", err=True)
-    run.announce(f"  ({len(cases)} cost cases)")
+    run.announce(f"  ({len(cases)} cost cases" + (f", {len(runs)} training runs)" if runs else ")"))
     from harness.costs.bandwidth import record_bandwidth
     from harness.sweep.run import run_sweep
     with run.guarded(lambda: [c.key for c in cases] + [k for *_, k in runs]):
         record_bandwidth(run.writer, run.device, opts.timing)  # once per run: the floor's bandwidth
         stats = run_sweep(cases, run.device, run.writer, opts, progress=not spec.output.quiet)
-        click.echo(f"cost sweep: {stats}")
+        click.echo("cost sweep: " + (", ".join(f"{n} {status}" for status, n in stats.items()) or "nothing to do"))
         if runs:
             train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race")
         if spec.output.report:

@@ -115,9 +115,28 @@ def status_cmd(run_dir) -> None:
     if holder:
         click.echo("resume:    not now: the run is in progress; look again when it ends")
     elif command in SPECS and (total is None or n_done < total):
-        click.echo(f"resume:    {resume_command(command, d)}")
+        slug = _device_slug(d)
+        if slug and d.resolve().parent.name != slug:
+            # a copied or moved run directory: run writes <out>/<device>/<run-id>, so the resume
+            # command of this path would start a fresh run beside it
+            home = d.resolve().parent / slug / d.name
+            click.echo(f"resume:    not in place: a run lives at <out>/{slug}/<run-id> and this one's parent "
+                       f"is not {slug}/; move it there first (mkdir -p {home.parent} && mv {d} {home.parent}/), "
+                       f"then: {resume_command(command, home)}")
+        else:
+            click.echo(f"resume:    {resume_command(command, d)}")
     elif command in SPECS:
         click.echo("resume:    nothing left to do")
 
 
 COMMANDS = (status_cmd,)
+
+
+def _device_slug(d: Path) -> str | None:
+    """The device folder name the run was written under (its manifest's ``device_slug``), or None."""
+    import json
+    try:
+        env = json.loads((d / "manifest.json").read_text()).get("environment") or {}
+    except (OSError, ValueError):
+        return None
+    return env.get("device_slug")

@@ -171,6 +171,12 @@ def _train(config, cli, dry_run: bool = False) -> None:
                      f"{len(seeds)} seed{'s' * (len(seeds) != 1)}, schedule {sched['schedule']}"
                      f"{ddp_note})")
     echo(f"schedule: {sched['schedule']} ({sched['reason']})")
+    n_evals = tc.max_steps // tc.eval_every
+    if tc.eval_every < FREQUENT_EVAL:  # each evaluation is also a checkpoint: say what it costs
+        ckpt = 12 * _n_params(tc.cfg)  # float32 weights + AdamW's two moments
+        echo(f"note: evaluating and checkpointing every {tc.eval_every} step{'s' * (tc.eval_every != 1)}: "
+             f"{n_evals} evaluations and checkpoints (~{ckpt / 2**20:.1f} MiB each) per run; "
+             f"{labels('training.eval_every')} N evaluates less often")
     if BASELINE not in opts:
         echo(f"note: {BASELINE} is not among the routers, so the report will compare no router "
              "with a baseline", err=True)
@@ -192,7 +198,7 @@ def _train(config, cli, dry_run: bool = False) -> None:
                      f"{pilot.stop_step} of {tc.max_steps})")
             for seed in seeds:
                 group = [TrainRun(r, o, corpus, tc, seed, device) for r, o in opts.items()]
-                trainer.run_group(group, sched["schedule"], tr.chunk)
+                trainer.run_group(group, sched["schedule"], tr.chunk or tr.eval_every)
         distributed.barrier(device)  # rank 0's last commit is on disk before the report
         if spec.output.report and main:
             write_report([run.dir])
@@ -243,6 +249,20 @@ def _open_run(spec) -> Run:
             run.writer.close()
         raise ConfigError(err)
     return run
+
+
+#: Below this cadence (steps) ``train`` says what evaluating (and checkpointing) so often costs.
+FREQUENT_EVAL = 5
+
+
+def _n_params(cfg) -> int:
+    """Parameters of a prenorm decoder of shape ``cfg`` (built on the meta device: no memory);
+    the routers add under 0.1 %."""
+    import torch
+
+    from workloads.decoder import Decoder
+    with torch.device("meta"):
+        return sum(p.numel() for p in Decoder(cfg, "prenorm").parameters())
 
 
 COMMANDS = (train_cmd,)

@@ -25,6 +25,12 @@ them). Kinds:
 - ``kill_in_eval=N``: the same, but after the N-th evaluation's checkpoint is written and its rows
   are staged, before they are committed (the test of a checkpoint without its rows: resume goes
   back to the checkpoint before, and the staged rows go to ``aborted/``).
+- ``kill_in_unit=N``: the process kills itself with ``SIGKILL`` when the unit of resume holding the
+  case (a cost group) has staged its N-th row, before it is committed (the test of resume after a
+  kill mid-group: the staged rows go to ``aborted/``, the group is measured again);
+- ``kill_after_commit``: the process kills itself with ``SIGKILL`` right after the unit holding the
+  case is appended to ``records.jsonl`` and before its pending file is removed (the test that a
+  committed unit's leftover pending file is dropped on resume, never moved to ``aborted/``).
 - ``slow=MS``: every call of the case's step first spins for MS milliseconds of wall time (a
   planted slowdown for the CI gate's tests, ``routerbench gate``: a regression that needs no code
   change). It spins rather than sleeps so the process stays on the CPU as real work does, and the
@@ -53,7 +59,8 @@ from pathlib import Path
 from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
-KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "slow", "jitter")
+KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "kill_in_unit",
+         "kill_after_commit", "slow", "jitter")
 
 
 def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
@@ -71,7 +78,7 @@ def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
         kind, eq, arg = kind.partition("=")
         if not sep or kind not in KINDS or (eq and not arg.isdigit()):
             raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
-        if kind in ("slow", "jitter") and not (eq and int(arg) > 0):
+        if kind in ("slow", "jitter", "kill_in_unit") and not (eq and int(arg) > 0):
             raise ValueError(f"{ENV}: entry {entry!r}: {kind} needs its delay, {kind}=MS:GLOB with MS > 0")
         out.append((kind, glob, int(arg) if eq else None))
     return out
@@ -133,6 +140,23 @@ def maybe_slow(case_key: str, step):
             pass
         return step()
     return slowed
+
+
+def unit_kill_point(case_keys: Iterable[str], kind: str) -> int | None:
+    """For a unit of resume covering ``case_keys``: the argument of the first ``kind`` fault
+    (``kill_in_unit``: the row count to die at; ``kill_after_commit``: 0) naming one of its
+    cases, or None."""
+    for k in case_keys:
+        entry = fault_entry(k)
+        if entry and entry[0] == kind:
+            return entry[1] or 0
+    return None
+
+
+def kill_now() -> None:
+    """Die here by ``SIGKILL``, as a killed process does (no handler, no clean-up)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # the signal is delivered before this returns
 
 
 def maybe_disk_full(case_keys: Iterable[str], path: Path, data: bytes) -> None:

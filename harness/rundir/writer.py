@@ -25,7 +25,7 @@ from routers.errors import ConfigError
 from . import faults
 from .lock import make_run_dir, take_lock
 from .records import (ABORTED_DIR, END, EXTENDABLE_SCHEMA, MANIFEST_FILE, PENDING_DIR, RECORDS_FILE, SCHEMA_VERSION,
-                      aborted_summary, completed_cases, end_of_last_unit, json_default, make_row, schema_of)
+                      aborted_summary, completed_cases, end_of_last_unit, json_default, make_row, schema_of, units)
 
 __all__ = ["DiskFullError", "MemoryWriter", "NullRunWriter", "RunWriter", "StagingWriter", "Unit"]
 
@@ -105,7 +105,7 @@ class StagingWriter:
 class MemoryWriter:
     """A writer (``w.write(**row)``, as :class:`StagingWriter`) that keeps full record rows in
     memory: a pytest-benchmark pair's rows go to its ``extra_info`` (:mod:`harness.ci.pairbench`),
-    and :mod:`harness.ci.benchjson` makes a run directory of them later.
+    and :mod:`reports.benchjson` makes a run directory of them later.
 
     Args:
         base: column values of every row (``device``).
@@ -147,6 +147,14 @@ class Unit(StagingWriter):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch()
         self.closed = False
+        self._kill_at = faults.unit_kill_point(self.cases, "kill_in_unit")
+
+    def write(self, **row: Any) -> dict[str, Any]:
+        """Stage one row (:meth:`StagingWriter.write`)."""
+        full = super().write(**row)
+        if self._kill_at is not None and self.rows >= self._kill_at:
+            faults.kill_now()  # ROUTERBENCH_FAULT=kill_in_unit=N: a kill mid-unit, at a named point
+        return full
 
     def __enter__(self) -> "Unit":
         return self
@@ -194,6 +202,10 @@ class Unit(StagingWriter):
             raise DiskFullError(errno.ENOSPC, f"no space left on device writing {self.owner.records}: "
                                 f"the unit in progress was moved to {ABORTED_DIR}/, nothing partial "
                                 "was recorded") from None
+        if faults.unit_kill_point(self.cases, "kill_after_commit") is not None:
+            faults.kill_now()  # a kill between the commit and the pending file's removal
+        # a kill here leaves the pending file of a committed unit: recovery drops it
+        # (RunWriter._recover), never moving committed rows to aborted/
         self.path.unlink()
         self.closed = True
         self.owner.completed.update({c: (statuses or {}).get(c, "ok") for c in self.cases})
@@ -283,7 +295,15 @@ class RunWriter:
                 self._move_to_aborted(tail_path, f"torn tail of {RECORDS_FILE} (a commit cut short)")
                 found["torn_tail_bytes"] = size - keep
         pending = self.run_dir / PENDING_DIR
-        for p in sorted(pending.glob("*.jsonl")) if pending.exists() else ():
+        left = sorted(pending.glob("*.jsonl")) if pending.exists() else []
+        # a unit whose end marker is in the records was committed: its process died before it
+        # removed the pending file, whose rows are all in the records already
+        committed = {m.get(END) for m in units(self.run_dir)} if left and self.records.exists() else set()
+        for p in left:
+            if p.stem in committed:
+                p.unlink()
+                found["committed_pending_removed"] = found.get("committed_pending_removed", 0) + 1
+                continue
             self._move_to_aborted(p, "left by a process that died or was killed")
             found["pending_units"] += 1
         return found

@@ -24,9 +24,9 @@ MAX_WIDTH, MAX_DEPTH, MAX_TOKENS = 1 << 16, 1 << 12, 1 << 24
 class Shape:
     """The decoder shape options shared by every command (``[shape]``)."""
 
-    preset: str | None = option("str", "Base shape (`routerbench list`): its sizes are the defaults of "
-                                "the shape options (default: train cpu-train; run and profile this device's "
-                                "grid base, cpu-quick on a CPU).",
+    preset: str | None = option("str", "Base shape, one of `routerbench list`'s presets: its sizes are the "
+                                "defaults of the other shape options. Default: cpu-train for train; for run "
+                                "and profile, the base shape of this device's grid (cpu-quick on a CPU).",
                                 choices=lambda: tuple(PRESETS), metavar="NAME")
     n_heads: int | None = option("int", "Attention heads (default: the base shape's).", min=1, max=MAX_WIDTH)
     seq_len: int | None = option("int", "Tokens per sequence (default: the base shape's).", min=1,

@@ -93,6 +93,10 @@ class ProfileSpec:
             methods = check_methods(p.methods or default_methods(backend), backend, cm)
         except ValueError as exc:
             raise ConfigError(str(exc).replace("--methods", L("profile.methods"), 1)) from None
+        if given(p, "pairs") and not {"paired_difference", "router_only"} & set(methods):
+            raise ConfigError(f"{L('profile.pairs')} has no effect with --methods {','.join(methods)}: it sets "
+                              "the rounds of paired_difference and router_only; add one of them to "
+                              f"{L('profile.methods')} or drop it")
         if given(p, "max_entries") and not p.memory_snapshot:
             raise ConfigError(f"{L('profile.max_entries')} has no effect without --memory-snapshot")
         snapshot = bool(p.memory_snapshot) and dev.type == "cuda"  # CUDA only; said on the console
@@ -111,7 +115,8 @@ class ProfileSpec:
             profile=replace(p, router_options=opts or None, impl=impl, backend=backend, compile_mode=cm,
                             mode=p.mode or "fwd_bwd", methods=tuple(methods),
                             wait=1 if p.wait is None else p.wait, warmup=2 if p.warmup is None else p.warmup,
-                            active=p.active or 3, pairs=p.pairs or 10,
+                            active=p.active or 3,
+                            pairs=(p.pairs or 10) if {"paired_difference", "router_only"} & set(methods) else None,
                             memory_snapshot=snapshot, max_entries=(p.max_entries or 100_000) if snapshot else None),
             output=replace(out, device=str(dev), quiet=bool(out.quiet)),
         )

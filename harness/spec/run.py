@@ -168,6 +168,9 @@ class RunSpec:
         if precise and max_rounds < min_pairs:
             raise ConfigError(f"{L('timing.max_rounds')} {max_rounds} is below {L('timing.min_pairs')} "
                               f"{min_pairs}: the first look would come after the last round")
+        if given(t, "max_attempts") and given(t, "remeasure_s") and t.remeasure_s == 0 and (t.max_attempts or 3) > 1:
+            raise ConfigError(f"{L('timing.max_attempts')} has no effect with {L('timing.remeasure_s')} 0 (no "
+                              "group is timed again); drop one of them")
         if given(t, "pair_order") and t.paired is False:
             raise ConfigError(f"{L('timing.pair_order')} has no effect with --no-paired; drop one of them")
         train = race.train is not False
@@ -207,7 +210,8 @@ class RunSpec:
                            min_pairs=min_pairs, max_rounds=max_rounds, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,
                            paired=paired, pair_order=(t.pair_order or "ABBA") if paired else None,
                            remeasure_s=60.0 if t.remeasure_s is None else t.remeasure_s,
-                           max_attempts=t.max_attempts or 3, noise_thresholds=thresholds),
+                           # no re-measuring time: one timing per group (the resolved spec says so)
+                           max_attempts=1 if t.remeasure_s == 0 else (t.max_attempts or 3), noise_thresholds=thresholds),
             race=replace(race, train=train, data=absolute(race.data) if train else None, train_steps=(race.train_steps or 300) if train else None,
                          target_loss=(race.target_loss or 1.9) if train else None),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),

@@ -152,6 +152,9 @@ class TrainSpec:
         if given(tr, "compile_scope") and tr.backend != "compile":
             raise ConfigError(f"{L('training.compile_scope')} has no effect without {L('training.backend')} "
                               "compile; drop it or add --backend compile")
+        if given(tr, "chunk") and tr.schedule == "sequential":
+            raise ConfigError(f"{L('training.chunk')} has no effect with {L('training.schedule')} sequential "
+                              "(each run trains to its end in one turn); drop one of them")
         max_steps = tr.max_steps or 300
         eval_every = tr.eval_every or default_eval_every(max_steps)
         if eval_every > max_steps:
@@ -166,7 +169,8 @@ class TrainSpec:
                              eval_every=eval_every, lr=tr.lr or 3e-3, stop_at_target=bool(tr.stop_at_target),
                              target_from_pilot=pilot,
                              pilot_fraction=None if tr.target_loss is not None else (tr.pilot_fraction or 0.5),
-                             schedule=tr.schedule or "auto", chunk=tr.chunk or eval_every,
+                             schedule=tr.schedule or "auto",
+                             chunk=None if tr.schedule == "sequential" else (tr.chunk or eval_every),
                              backend=tr.backend or "eager", precision=precision, grad_accum=tr.grad_accum or 1,
                              compile_scope=(tr.compile_scope or DEFAULT_COMPILE_SCOPE) if tr.backend == "compile"
                              else None,

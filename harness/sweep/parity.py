@@ -46,12 +46,19 @@ from routers import build_router, impls
 
 from .cases import Case
 
+#: Units of the dtype's rounding (the unit roundoff ``torch.finfo(dtype).eps / 2``: 2⁻⁸ in bfloat16,
+#: 2⁻¹¹ in float16) in the low-precision floor.
+FLOOR_UNITS = 3
 #: Largest relative error (‖test − naive‖ / ‖naive‖ per quantity) allowed per dtype. For
-#: float16 and bfloat16 the value is a floor (four units of the dtype's rounding): both the impl and
-#: naive are compared with naive in float64, and the impl may err by at most
-#: :data:`LOW_PRECISION_FACTOR` times naive's own rounding error plus this floor.
+#: float16 and bfloat16 the value is a floor (:data:`FLOOR_UNITS` units of the dtype's rounding,
+#: 1.2e-2 in bfloat16, 1.5e-3 in float16; at 2.3e-2 a kernel dropping one source of 33 passed a
+#: forward check at d=32, T=8): both the impl and naive are compared with naive in
+#: float64, and the impl may err by at most :data:`LOW_PRECISION_FACTOR` times naive's own error
+#: plus this floor. Naive computes each read in float32 (``routers.mixer.depth_mix``), so its own
+#: error is about the rounding of its outputs.
 TOLERANCES: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-4,
-                                        torch.float16: 4e-3, torch.bfloat16: 3e-2}
+                                        torch.float16: FLOOR_UNITS * torch.finfo(torch.float16).eps / 2,
+                                        torch.bfloat16: FLOOR_UNITS * torch.finfo(torch.bfloat16).eps / 2}
 #: In float16 and bfloat16 an impl may err by this many times naive's own error (against float64)
 #: plus the floor: a schedule that keeps intermediates in the low dtype (two_phase's partial
 #: outputs) rounds more often than naive, by up to about 3x on this project's checks.

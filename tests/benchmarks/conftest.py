@@ -1,11 +1,15 @@
 """The pytest-benchmark suite (``pytest tests/benchmarks --benchmark-only``, ``make bench``).
 
 It runs only with ``--benchmark-only``; ``--bench-suite cpu|gpu`` picks the suite (default: ``gpu``
-when a CUDA device is visible, else ``cpu``; :mod:`harness.ci.pairbench`). The machine info of the JSON
-(``--benchmark-json``) gets the GPU, driver, CUDA, cuDNN, torch, Triton, CPU and SM clock.
+when a CUDA device is visible, else ``cpu``; :mod:`harness.ci.pairbench`). The JSON's ``machine_info``
+(``--benchmark-json``) is routerbench's, generated: GPU, driver, CUDA, cuDNN, torch, Triton, CPU
+model, cores and threads, never the hostname or a clock (:mod:`harness.ci.benchplugin`, whose
+hooks this file imports).
 """
 
 import pytest
+
+from harness.ci.benchplugin import pytest_benchmark_generate_machine_info, pytest_configure  # noqa: F401
 
 
 def pytest_addoption(parser):
@@ -22,8 +26,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "benchmarks" in item.nodeid:
             item.add_marker(skip)
-
-
-def pytest_benchmark_update_machine_info(config, machine_info):
-    from harness.ci.pairbench import machine_info as routerbench_info
-    machine_info.update(routerbench_info())

@@ -1,8 +1,10 @@
 """Every benchmark of the suite: one pair (a router vs prenorm, or compiled vs eager), set up on
-``routerbench run``'s path and timed one interleaved, synchronised round per call
-(:mod:`harness.ci.pairbench`). pytest-benchmark's table shows one round of the pair (both sides); the
-paired ratio and its interval, FLOPs, memory, tokens/s and MFU are in ``extra_info``
-(``--benchmark-json``), and ``routerbench report``/``routerbench gate`` read that JSON.
+``routerbench run``'s path (:mod:`harness.ci.pairbench`). pytest-benchmark records the measured
+side of each round (the router, or the compiled step); the baseline runs untimed beside it in
+``pedantic``'s setup or teardown by ABBA order. The paired ratio and its interval, FLOPs, memory,
+tokens/s and MFU are in ``extra_info`` (``--benchmark-json``), and ``routerbench report`` /
+``routerbench gate`` read that JSON. Rounds: the suite's, or pytest-benchmark's rule when
+``--benchmark-min-rounds`` / ``--benchmark-max-time`` is given (:mod:`harness.ci.benchplugin`).
 
     pytest tests/benchmarks --benchmark-only [--bench-suite cpu|gpu] [--benchmark-json out.json]
 """
@@ -12,6 +14,7 @@ import math
 import pytest
 import torch
 
+from harness.ci.benchplugin import bench_rounds
 from harness.ci.pairbench import PairBench
 from harness.ci.suite import default_suite, suite_pairs
 from harness.step import backends
@@ -38,8 +41,9 @@ def test_pair(benchmark, pair_id, request):
     with PairBench(pair, device) as pb:
         if pb.error:
             pytest.fail(pb.error)
-        benchmark.pedantic(pb.round, rounds=pair.rounds, iterations=1, warmup_rounds=0)
+        rounds = bench_rounds(request.config, pair.rounds, pb.round_s)
+        benchmark.pedantic(**pb.pedantic(rounds))
         info = pb.finish()
     benchmark.extra_info.update(info)
-    assert info["pairs"] == pair.rounds
+    assert info["pairs"] == rounds
     assert math.isfinite(info["ratio"]) and info["ratio"] > 0

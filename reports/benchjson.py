@@ -2,11 +2,17 @@
 
 Each benchmark of :mod:`harness.ci.pairbench` stores every record row of its pair in
 ``extra_info["rows"]``. :func:`to_run_dir` writes them into an ordinary run directory
-(``records.jsonl`` with one unit of resume per benchmark, ``manifest.json`` from the JSON's
-``machine_info``), so ``routerbench report``, ``summary``, ``compare`` and ``gate`` read a
+(``records.jsonl`` with one unit of resume per benchmark, ``manifest.json`` from the environment
+the benchmarks recorded), so ``routerbench report``, ``summary``, ``compare`` and ``gate`` read a
 benchmark run exactly as they read ``routerbench run``'s results. Each benchmark becomes its own
 session (``b0001``, …): its prenorm (or eager) rounds pair only with its own router's rounds.
 Benchmarks of the JSON that are not routerbench's (no ``extra_info["routerbench"]``) are skipped.
+
+Both layouts read (:data:`LAYOUTS`): ``extra_info["routerbench"] == 2`` keeps the environment and
+the command line in each benchmark's ``extra_info`` (``environment``, ``argv``;
+``machine_info`` holds only stable identity keys, :func:`harness.ci.benchplugin.machine_info`);
+layout 1 (stored baselines of earlier versions) kept them in ``machine_info``
+(``routerbench_environment``, ``routerbench_argv``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from harness.rundir.writer import RunWriter
 from harness.timing import noise
 from routers.errors import ConfigError
 
-__all__ = ["is_bench_json", "to_run_dir", "default_out"]
+__all__ = ["is_bench_json", "to_run_dir", "default_out", "LAYOUTS"]
+
+#: The ``extra_info["routerbench"]`` layouts this module reads.
+LAYOUTS = (1, 2)
 
 #: Rows of a timing (:func:`harness.sweep.timed.record_attempt`): each benchmark's own. Every other
 #: row of a case is of its set-up (parameters, FLOPs, memory, compile or capture time), kept from
@@ -57,13 +66,21 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def _environment(data: dict[str, Any]) -> dict[str, Any]:
+def _environment(data: dict[str, Any], benches: list[dict[str, Any]]) -> tuple[dict[str, Any], list | None]:
+    """The run's environment and command line: the first benchmark's ``extra_info`` (layout 2),
+    else ``machine_info``'s ``routerbench_*`` keys (layout 1), else what pytest-benchmark's own
+    ``machine_info`` tells (a JSON written without routerbench's hooks)."""
     mi = data.get("machine_info") or {}
+    for b in benches:
+        ei = b["extra_info"]
+        if isinstance(ei.get("environment"), dict):
+            return dict(ei["environment"]), ei.get("argv")
     env = dict(mi.get("routerbench_environment") or {})
-    if not env:  # a JSON written without routerbench's machine-info hook
+    if not env:
         cpu = mi.get("cpu") or {}
-        env = {"device": "cpu", "device_name": cpu.get("brand_raw") or mi.get("processor") or "unknown"}
-    return env
+        name = mi.get("device_name") or mi.get("cpu_model") or cpu.get("brand_raw") or mi.get("processor")
+        env = {"device": mi.get("device") or "cpu", "device_name": name or "unknown"}
+    return env, mi.get("routerbench_argv")
 
 
 def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
@@ -76,7 +93,8 @@ def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
         ``out_dir``.
 
     Raises:
-        ConfigError: unreadable or malformed JSON, a benchmark whose ``extra_info.rows`` is not a
+        ConfigError: unreadable or malformed JSON, a benchmark of a layout newer than
+            :data:`LAYOUTS` (naming it), a benchmark whose ``extra_info.rows`` is not a
             list of rows (naming the benchmark), no routerbench benchmark in the file, or an
             ``out_dir`` holding something else (naming ``--out``).
     """
@@ -88,6 +106,10 @@ def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
         raise ConfigError(f"{src}: benchmarks: no routerbench benchmark in it (their extra_info has no "
                           "'routerbench' key): run pytest tests/benchmarks --benchmark-only --benchmark-json FILE")
     for i, b in enumerate(benches):
+        layout = b["extra_info"]["routerbench"]
+        if layout not in LAYOUTS:
+            raise ConfigError(f"{src}: benchmarks[{i}] ({b.get('name')}): extra_info layout {layout!r}; this "
+                              f"routerbench reads layouts {', '.join(map(str, LAYOUTS))}: update routerbench")
         rows = b["extra_info"].get("rows")
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ConfigError(f"{src}: benchmarks[{i}] ({b.get('name')}): extra_info.rows is not a list of rows")
@@ -99,7 +121,7 @@ def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
         if "pytest_benchmark" not in old:
             raise ConfigError(f"--out {out}: exists and is not a converted benchmark JSON; give another --out")
         shutil.rmtree(out)
-    env = _environment(data)
+    env, argv = _environment(data, benches)
     stamp = str(data.get("datetime") or "")[:19].replace(":", "").replace("-", "").replace("T", "-")
     run_id = f"bench-{stamp or src.stem}"
     device = env.get("device") or "cpu"
@@ -122,14 +144,14 @@ def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
                         statuses[r["case_key"]] = r.get("status", "ok")
                 u.commit(statuses, extra={"benchmark": b.get("fullname") or b.get("name")})
     commit = data.get("commit_info") or {}
-    argv = (data.get("machine_info") or {}).get("routerbench_argv")
     with contextlib.suppress(OSError):
         (out / "pending").rmdir()  # empty: every unit was committed
     manifest = {"run_id": run_id, "environment": env, "git_sha": commit.get("id"),
                 "command_line": " ".join(argv) if argv else "pytest tests/benchmarks --benchmark-only",
-                "converted_by": "routerbench (harness/ci/benchjson.py)",
+                "converted_by": "routerbench (reports/benchjson.py)",
                 "pytest_benchmark": {"source": str(src.resolve()), "datetime": data.get("datetime"),
                                      "version": data.get("version"), "benchmarks": len(benches),
+                                     "layouts": sorted({b["extra_info"]["routerbench"] for b in benches}),
                                      "commit_info": commit}}
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
     assert (out / RECORDS_FILE).is_file()
