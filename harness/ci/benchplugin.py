@@ -23,6 +23,7 @@ one line (:func:`check_options`): a paired interval needs that many pairs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
@@ -97,12 +98,10 @@ def machine_info(device: torch.device | str | None = None) -> dict[str, Any]:
 
 def _cpu_mhz() -> float | None:
     """The current frequency of the first CPU in MHz (/proc/cpuinfo), or None."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # not Linux, or no MHz line: unknown
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("cpu mhz"):
                 return float(line.split(":", 1)[1])
-    except (OSError, ValueError):
-        pass
     return None
 
 
@@ -122,10 +121,8 @@ def given(config: pytest.Config, option: str) -> bool:
     ``PYTEST_ADDOPTS`` or in the ini file's ``addopts``, rather than left at its default."""
     args = list(config.invocation_params.args)
     args += shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
-    try:
+    with contextlib.suppress(ValueError, KeyError):  # a config without an addopts ini key
         args += list(config.getini("addopts"))
-    except (ValueError, KeyError):
-        pass
     return any(a == option or a.startswith(option + "=") for a in map(str, args))
 
 
