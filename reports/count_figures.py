@@ -42,13 +42,19 @@ def flops_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     d_model, a row per workload when several; log y.
 
     Returns:
-        ``<out_dir>/flops_vs_depth.png``, or ``None`` with fewer than two depths counted.
+        ``<out_dir>/flops_vs_depth.png`` with ``flops_vs_depth.csv`` (the medians drawn: the
+        router, ``options``, ``impl``, ``variant``, ``workload``, ``d_model``, ``n_layers``,
+        ``gflop_fwd``), or ``None`` with
+        fewer than two depths counted.
     """
     t = tables.overhead_table(df)
-    keys = ["variant", "workload", "d_model", "n_layers"]
-    t = t[t["gflop_fwd"].notna()].groupby(keys, as_index=False)["gflop_fwd"].median()
+    keys = ["router", "options", "impl", "variant", "workload", "d_model", "n_layers"]
+    t = t[t["gflop_fwd"].notna()]
+    shape = pl.shape_text(t, skip=("d_model", "n_layers"))
+    t = t.groupby(keys, as_index=False)["gflop_fwd"].median()
     if t.empty or t["n_layers"].nunique() < 2:
         return None
+    data = t.copy()
     t["n_layers"] = t["n_layers"].astype(float)
     g = sns.relplot(data=t, kind="line", x="n_layers", y="gflop_fwd", **pl.variant_hue(df, t),
                     col=pl.facet(t, "d_model"), row=pl.facet(t, "workload"), markers=True,
@@ -58,9 +64,10 @@ def flops_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     for ax in g.axes.flat:
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    g.set_axis_labels("n_layers", "forward GFLOP")
-    g.figure.suptitle(f"Forward FLOPs by depth ({tables.FLOP_CONVENTION})", y=1.03)
-    return pl.save_named(g.figure, out_dir, "flops_vs_depth")
+    g.set_axis_labels("n_layers (decoder blocks)", "forward GFLOP (10⁹ FLOP, log scale)")
+    g.figure.suptitle(f"Forward FLOPs by depth — {pl.device_title(df)}\n{shape}; "
+                      f"{tables.FLOP_CONVENTION}", y=1.08, fontsize=10)
+    return pl.save_with_data(g.figure, out_dir, "flops_vs_depth", data)
 
 
 def router_flop_share_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
@@ -232,7 +239,7 @@ def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     colors = dict(zip(series, ["0.6", *sns.color_palette("colorblind", len(series) - 1)]))
     families = sorted(data["family"].unique(),
                       key=lambda f: (not f.startswith(BASELINE), f))
-    fig, axes = pl.panel_grid(data["panel"].nunique(), width=max(4.6, 0.9 * len(families) + 1.6),
+    fig, axes = pl.panel_grid(data["panel"].nunique(), width=max(4.6, 0.6 * len(families) + 1.4),
                       height=3.6)
     width = 0.8 / len(series)
     for ax, (panel, g) in zip(axes, data.sort_values("n_layers").groupby("panel", sort=False)):

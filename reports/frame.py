@@ -90,6 +90,20 @@ def _options_label(raw: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(opts.items()))
 
 
+def options_without_impl(options: str) -> str:
+    """An ``options`` label (``"impl=two_phase, n_blocks=4"``) less its ``impl=`` entry, which
+    the ``impl`` column already names."""
+    return ", ".join(p for p in str(options or "").split(", ") if p and not p.startswith("impl="))
+
+
+def _variant(router: str, impl: str, options: str, several_impls: bool) -> str:
+    """``haares [two_phase] (n_blocks=4)``: the impl in brackets where the router has several
+    in the frame or its options name one, then the other options; each named once."""
+    shown = several_impls or "impl=" in str(options)
+    rest = options_without_impl(options)
+    return router + (f" [{impl}]" if shown and impl else "") + (f" ({rest})" if rest else "")
+
+
 def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
                attempts: str = "last") -> pd.DataFrame:
     """Rows of the run directories as one DataFrame (``harness.rundir.records.load_rows``); the
@@ -106,7 +120,8 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
         The columns of ``harness.rundir.records.COLUMNS``; ``value``, shape columns, seed, repeat and pair
         numeric (int64 where no value is missing); text columns with nulls as ``""``. Added:
         ``options`` (``router_options`` as ``"k=v, ..."``) and ``variant`` (the router, its impl
-        when the router has several, and its options: the legend label of figures).
+        when the router has several or its options name one, and its other options, each once:
+        the legend label of figures, ``haares [two_phase] (n_blocks=4)``).
         ``df.attrs["run_rows"]``: the rows (dicts) of :data:`RUN_METRICS` (the run's memory
         bandwidth), kept out of the frame since they describe no case. ``df.attrs["record_problems"]``: the problems met reading the records (unparsable lines,
         units that do not match their end marker, an unfinished tail, schema-1 records), one line
@@ -135,9 +150,9 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
     df["options"] = pd.Series([_options_label(r) for r in df["router_options"]], index=df.index,
                               dtype=str)
     impls = df.groupby("router")["impl"].nunique() if len(df) else pd.Series(dtype=int)
-    df["variant"] = pd.Series([
-        r + (f" [{i}]" if impls.get(r, 1) > 1 else "") + (f" ({o})" if o else "")
-        for r, i, o in zip(df["router"], df["impl"], df["options"])], index=df.index, dtype=str)
+    df["variant"] = pd.Series([_variant(r, i, o, impls.get(r, 1) > 1)
+                               for r, i, o in zip(df["router"], df["impl"], df["options"])],
+                              index=df.index, dtype=str)
     df.attrs["record_problems"] = problems
     df.attrs["run_rows"] = run_rows.to_dict("records")  # plain rows: pandas compares attrs
     return df

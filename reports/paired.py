@@ -299,6 +299,17 @@ def _panel(t: pd.DataFrame) -> pd.Series:
     return label
 
 
+#: Inches per router row of :func:`paired_ratio_figure`: the panels of a row come to the
+#: report's width (``MAX_WIDTH_PX``) at 110 dpi, so its text is printed at 8-9 pt and never
+#: scaled down (a 3×3 grid of 13 routers was once 3,900 px wide, shown at 5 px text).
+PANEL_ROW_IN = 0.22
+#: Inches of a panel's plot, and per character of its longest router label (8 pt) beside it.
+PANEL_WIDTH_IN = 2.0
+LABEL_CHAR_IN = 0.055
+#: Inches of the page at 110 dpi (1,200 px).
+PAGE_IN = 10.9
+
+
 def _draw(data: pd.DataFrame, runs: list[str], palette: dict, **_) -> None:
     """Points at each ratio with its interval as error bars; runs dodged along y."""
     ax = plt.gca()
@@ -331,7 +342,13 @@ def paired_ratio_figure(df: pd.DataFrame, out_dir: Path | str,
     t = paired_ratio_table(df) if table is None else table
     if t.empty:
         return None
-    t = t.copy()
+    return save_png(paired_ratio_grid(t), Path(out_dir) / "paired_ratios.png", 110)
+
+
+def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
+    """The figure of :func:`paired_ratio_figure` from a non-empty :func:`paired_ratio_table`:
+    three panels of :data:`PANEL_WIDTH_IN` to a row, a run legend only for two or more runs."""
+    t = table.copy()
     shared = t.groupby(list(SAME_CASE), dropna=False)["run_id"].transform("nunique") > 1
     compare = bool(shared.any())
     if compare:
@@ -340,26 +357,30 @@ def paired_ratio_figure(df: pd.DataFrame, out_dir: Path | str,
     runs = sorted(t["run_id"].unique())
     palette = dict(zip(runs, sns.color_palette("tab10" if len(runs) <= 10 else "husl", len(runs))))
     n_panels = t["panel"].nunique()
-    g = sns.FacetGrid(t, col="panel", col_wrap=min(3, n_panels), sharex=False, sharey=False,
-                      height=0.45 * t.groupby("panel")["variant"].nunique().max() + 1.6,
-                      aspect=1.5)
-    g.map_dataframe(_draw, runs=runs, palette=palette)
-    g.set_titles("{col_name}")
+    rows = t.groupby("panel")["variant"].nunique().max()
+    height = PANEL_ROW_IN * rows + 1.2  # inches: the panels of a row fill the page at 110 dpi
+    width = PANEL_WIDTH_IN + LABEL_CHAR_IN * t["variant"].str.len().max()  # long options: fewer a row
+    with plt.rc_context({"xtick.labelsize": 8, "ytick.labelsize": 8}):  # before the grid's layout
+        g = sns.FacetGrid(t, col="panel", col_wrap=max(1, min(3, n_panels, int(PAGE_IN // width))),
+                          sharex=False, sharey=False, height=height, aspect=width / height)
+        g.map_dataframe(_draw, runs=runs, palette=palette)
+    g.set_titles("{col_name}", size=9)
     g.set_axis_labels("step time / prenorm", "")
-    handles, labels = g.axes.flat[0].get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
-    for ax in g.axes.flat[1:]:
-        for h, lbl in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lbl, h)
-    g.figure.legend(list(seen.values()), list(seen), title="run", loc="upper left",
-                    bbox_to_anchor=(1.0, 0.95), frameon=False)
+    if len(runs) > 1:  # a legend of one run says nothing the title does not
+        seen: dict = {}
+        for ax in g.axes.flat:
+            for h, lbl in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lbl, h)
+        g.figure.legend(list(seen.values()), list(seen), title="run", loc="upper left",
+                        bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize=8)
     g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI"
-                      + (", repeated runs side by side" if compare else ""), y=1.03)
-    return save_png(g.figure, Path(out_dir) / "paired_ratios.png", 110)
+                      + (", repeated runs side by side" if compare else "")
+                      + (f" (run {runs[0]})" if len(runs) == 1 else ""), y=1.02, fontsize=10)
+    return g.figure
 
 
 #: Figures of this module, by name (the report adds them to :data:`reports.time_figures.FIGURES`).
 FIGURES = {"paired_ratios": paired_ratio_figure}
 
-__all__ = ["paired_rows", "paired_ratio_table", "paired_ratio_figure", "FIGURES", "COLUMN_STYLE",
+__all__ = ["paired_rows", "paired_ratio_table", "paired_ratio_figure", "paired_ratio_grid", "FIGURES", "COLUMN_STYLE",
            "METHOD", "NO_DATA", "NO_TABLE"]

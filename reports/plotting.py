@@ -20,6 +20,8 @@ import seaborn as sns  # noqa: E402
 
 from routers import BASELINE  # noqa: E402
 
+from .frame import options_without_impl  # noqa: E402,F401
+
 DPI = 110
 
 
@@ -154,7 +156,20 @@ def suptitle(fig: plt.Figure, *lines: str) -> None:
 
 def family(t: pd.DataFrame) -> pd.Series:
     """Router and options without the impl: the colour key that keeps a router's impls one hue."""
-    return t["router"] + t["options"].map(lambda o: f" ({o})" if o else "")
+    return t["router"] + t["options"].map(lambda o: f" ({o})" if (o := options_without_impl(o)) else "")
+
+
+def variant_labels(df: pd.DataFrame) -> dict[str, str]:
+    """Each ``variant`` of ``df`` -> its label in a figure or table: the router, its impl in
+    brackets where the variant shows it or the options name it, and its other options, each
+    once (``haares [two_phase] (n_blocks=4)``, never ``haares [two_phase] (impl=two_phase)``)."""
+    out = {}
+    for router, impl, options, variant in (df[["router", "impl", "options", "variant"]]
+                                           .drop_duplicates("variant").itertuples(index=False)):
+        named = str(variant).startswith(f"{router} [{impl}]") or "impl=" in str(options)
+        rest = options_without_impl(options)
+        out[variant] = router + (f" [{impl}]" if named and impl else "") + (f" ({rest})" if rest else "")
+    return out
 
 
 def family_palette(df: pd.DataFrame) -> dict:
@@ -168,9 +183,15 @@ def family_palette(df: pd.DataFrame) -> dict:
 LEGEND_IN = 2.6
 
 
+#: Inches: a panel wider than this is drawn alone on its row.
+WIDE_PANEL_IN = 6.0
+
+
 def panel_grid(n: int, width: float = 4.6, height: float = 3.4) -> tuple[plt.Figure, list]:
-    """A figure of ``n`` panels, three to a row, and room for a legend right of them."""
-    ncols = min(3, n)
+    """A figure of ``n`` panels, three to a row (one to a row when a panel is wider than
+    :data:`WIDE_PANEL_IN`, so the image is not scaled below :data:`DPI`), and room for a legend
+    right of them. ``width`` and ``height`` are one panel's, in inches."""
+    ncols = 1 if width > WIDE_PANEL_IN else min(3, n)
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + LEGEND_IN, height * nrows),
                              squeeze=False)

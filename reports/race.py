@@ -294,8 +294,11 @@ def sentences(df: pd.DataFrame, conf: float = seeds.CONF,
     return say.training_sentences(table, training.sentence_prefixes(df, table, manifests))
 
 
-def comparison_display(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`comparison_table` as report cells: each estimate with its interval in one cell."""
+def comparison_display(table: pd.DataFrame, names: dict[str, str] | None = None) -> pd.DataFrame:
+    """:func:`comparison_table` as report cells: each estimate with its interval in one cell;
+    ``names`` (variant -> label, :func:`reports.plotting.variant_labels`) names the router and
+    baseline, so that a label names the router, impl and options once."""
+    names = names or {}
     if table.empty:
         return pd.DataFrame(columns=["run_id", "backend"])
 
@@ -306,8 +309,8 @@ def comparison_display(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.to_dict("records"):
         rows.append({
-            "run_id": r["run_id"], "backend": r["backend"], "router": r["variant"],
-            "baseline": r["baseline"], "target (nats)": say.fmt_num(r["target_loss"], 3),
+            "run_id": r["run_id"], "backend": r["backend"], "router": names.get(r["variant"], r["variant"]),
+            "baseline": names.get(r["baseline"], r["baseline"]), "target (nats)": say.fmt_num(r["target_loss"], 3),
             "seeds": r["seeds"], "pairs (n)": r["n"], "censored": r["censored"],
             "diverged": r["diverged"],
             f"time ratio [{r['conf']:.0%} CI]": est(r["time_ratio"], r["time_lo"], r["time_hi"]),
@@ -328,3 +331,26 @@ def comparison_display(table: pd.DataFrame) -> pd.DataFrame:
             "p at T*": say.fmt_p(r["wall_p"]),
             "left out": r["dropped"]})
     return pd.DataFrame(rows)
+
+
+def diverged_warnings(df: pd.DataFrame, names: dict[str, str] | None = None) -> list[str]:
+    """One sentence for a report's Warnings naming the training runs (and pilots) that diverged,
+    by router and seed (``"every training run diverged"`` when none survived; ``names``: variant
+    -> label, :func:`reports.plotting.variant_labels`); ``[]`` when none did."""
+    names = names or {}
+    runs = training.run_frame(df)
+    dead = runs[runs["status"] == "diverged"]
+    if dead.empty:
+        return []
+    several = runs[["run_id", "backend"]].drop_duplicates().shape[0] > 1
+    who = ", ".join(f"{names.get(r.variant, r.variant)} seed {r.seed}"
+                    + (" (pilot)" if r.mode != TRAIN_MODE else "")
+                    + (f" [{r.run_id} · {r.backend}]" if several else "")
+                    for r in dead.itertuples(index=False))
+    what = ("every training run diverged" if len(dead) == len(runs) else
+            f"{len(dead)} of {len(runs)} training runs diverged")
+    notes = say.reasons(dead).split("; ")
+    why = "; ".join(notes[:3]) + ("; …" if len(notes) > 3 else "")
+    return [f"Diverged: {what} ({who}): {why}. A diverged run has no time "
+            "to target and none of its losses is a result, so no comparison reads it (a lower "
+            "--lr or more --warmup-steps may help)."]

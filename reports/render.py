@@ -53,14 +53,39 @@ COLUMN_STYLE.update(summary.COLUMN_STYLE)
 COLUMN_STYLE.update(impls.COLUMN_STYLE)
 #: Case columns that, when equal in every row, move into a sentence above the table.
 _COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "compile_scope", "mode", "workload",
-           *SHAPE_COLS, "device", "seed")
+           *SHAPE_COLS, "device", "seed", "interval")
+
+
+def compact_noise(reasons: str) -> str:
+    """The ``noisy`` cell as a table shows it: each reading that crossed its threshold with its
+    value, the threshold left out, the readings of a partner (``prenorm: …``) after the case's
+    own, each once (``"iqr_rel 0.310 > 0.15; prenorm: cpu_pressure 0.830 > 0.2"`` ->
+    ``"iqr_rel .31; prenorm cpu_pressure .83"``). The full reasons stay in ``paired.csv`` and
+    the Warnings section names the thresholds: a case's row is one line, not 240 px tall."""
+    groups: dict[str, dict[str, str]] = {}
+    for part in str(reasons).split(";"):
+        who, _, reading = part.strip().rpartition(": ")
+        words = reading.split()
+        if not words:
+            continue
+        try:
+            value = f"{float(words[1]):.2f}".replace("0.", ".", 1) if len(words) > 1 else ""
+        except ValueError:
+            value = ""
+        groups.setdefault(who, {}).setdefault(words[0], f"{words[0]} {value}".strip())
+    return "; ".join((f"{who} " if who else "") + ", ".join(g.values()) for who, g in groups.items())
+
+
+#: Text columns shown in a shorter form than the CSV keeps (column -> function of the cell).
+DISPLAY = {"noisy": compact_noise}
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
 color:#222;line-height:1.45}table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.88em}
 th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right}th{background:#f2f2f2}
 td:first-child,th:first-child{text-align:left}img{max-width:100%}h1{font-size:1.5em}
 .toc{background:#f7f7f7;padding:.4em 1em;margin:1em 0}.toc ol{margin:.3em 0}
-h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em}.note{color:#555}"""
+h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em}.note{color:#555}
+.wide{overflow-x:auto;max-width:100%}th{vertical-align:bottom}td{white-space:nowrap}"""
 
 
 @dataclass
@@ -98,7 +123,8 @@ def display_frame(frame: pd.DataFrame, drop: Iterable[str] = (),
               and len(frame) > 1 and frame[c].astype(str).nunique() == 1]
     frame = frame.drop(columns=empty + common)
     out = pd.DataFrame({COLUMN_STYLE.get(c, (c,))[0]:
-                        [_cell(v, COLUMN_STYLE.get(c, (c, None))[1]) for v in frame[c]]
+                        [_cell(DISPLAY[c](v) if c in DISPLAY and isinstance(v, str) and v else v,
+                               COLUMN_STYLE.get(c, (c, None))[1]) for v in frame[c]]
                         for c in frame})
     return out, common
 
@@ -160,7 +186,9 @@ def render_html(title: str, sections: list[Section]) -> str:
             elif kind == "subtitle":
                 parts.append(f"<h3>{html.escape(rest[0])}</h3>")
             elif kind == "table":
-                parts.append(rest[0].to_html(index=False, border=0, escape=True))
+                # a table wider than the page scrolls in its own box, never cut at the right
+                parts.append('<div class="wide">' + rest[0].to_html(index=False, border=0, escape=True)
+                             + "</div>")
             else:
                 path, caption = rest
                 data = base64.b64encode(Path(path).read_bytes()).decode("ascii")

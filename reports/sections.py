@@ -18,6 +18,7 @@ from routers import BASELINE
 from . import (conventions, count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures,
                training, training_figures)
 from .environment import environment_table
+from . import plotting as pl
 from .render import Section, table_blocks
 
 #: Why a figure is missing, by figure name (each figure module's own, and the paired figure's).
@@ -49,8 +50,8 @@ TRAINING_CAPTIONS = {
     "loss_curves": "Validation loss vs tokens seen and vs the training clock: per router the "
                    "mean over seeds (line) and the min–max over seeds (band; on the clock panel "
                    "each seed interpolated on a common grid up to the shortest run); diverged "
-                   "runs dotted, each alone, out of the band; the pilot dashed; the target loss "
-                   "dash-dotted.",
+                   "runs dotted, each alone, out of the band, named by router in the legend; the "
+                   "pilot dashed; the target loss dash-dotted.",
     "time_to_target": "Time to target, router / baseline, per seed (dots) with the geometric "
                       "mean and its t-interval (black diamond); open triangles are bounds of "
                       "pairs where one run did not converge, left out of the interval.",
@@ -58,6 +59,20 @@ TRAINING_CAPTIONS = {
                      "over the pairs where both runs reached the target, each with its own "
                      "t-interval; a line at 1.",
 }
+
+
+TRAIN_TITLE = "Training race: time to target loss"
+
+
+def _race_headline(df: pd.DataFrame, manifests: dict[str, dict]) -> list:
+    """The race's sentences for the report's summary (after the cost sentences), under a
+    subtitle that points to the race's own section; a smoke race says it is one."""
+    table = race.comparison_table(df)
+    said = sentences.training_sentences(table, training.sentence_prefixes(df, table, manifests))
+    smoke = training.smoke_runs(df)
+    head = (f"Training race (section \"{TRAIN_TITLE}\" below"
+            + (": a smoke test, one seed per router, not a result)" if smoke else ")"))
+    return [("subtitle", head), *(("text", x) for x in said)] if said else []
 
 
 def _training_blocks(df: pd.DataFrame, figs: dict[str, Path | None],
@@ -80,7 +95,7 @@ def _training_blocks(df: pd.DataFrame, figs: dict[str, Path | None],
             if (training.train_rows(df)["device"] == "cpu").any():
                 blocks.append(("text", CPU_RACE_NOTE))
         blocks += [("text", race.METHOD), *said]
-        blocks += table_blocks(race.comparison_display(table),
+        blocks += table_blocks(race.comparison_display(table, pl.variant_labels(df)),
                                 "No comparison: no router was trained beside its baseline "
                                 f"({BASELINE}) in the same run and backend.",
                                 split=("run_id", "backend"))
@@ -104,19 +119,25 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     """The sections of the cost sweep: step time, FLOPs and memory; paired timing; backends;
     the routers' cost models."""
     cost = Section("Cost: step time, FLOPs and memory vs prenorm", [])  # figures first, then tables
-    # Paired ratios are the headline; a run timed --no-paired gets the unpaired figure, labelled.
-    if figs.get("overhead_vs_width") is None and figs.get("step_time_overhead_vs_width"):
-        cost.blocks.append(_figure_block(figs["step_time_overhead_vs_width"], "step_time_overhead_vs_width",
-                                         "Step-time overhead vs prenorm by width, from unpaired medians "
-                                         "(these runs hold no paired timing)"))
-    if figs.get("router_flop_share_vs_width") is None and figs.get("flops_vs_depth"):
-        cost.blocks.append(_figure_block(figs["flops_vs_depth"], "flops_vs_depth", "Forward GFLOP by depth"))
+    # Every figure written is shown. Paired ratios are the headline; the unpaired overhead comes
+    # first only where no paired timing exists (a run timed --no-paired), and says so.
+    paired_fig = figs.get("overhead_vs_width") is not None
+    unpaired = [_figure_block(figs["step_time_overhead_vs_width"], "step_time_overhead_vs_width",
+                              "Step-time overhead vs prenorm by width, from unpaired medians "
+                              "(router median / prenorm median − 1 in the same run)"
+                              + ("" if paired_fig else "; these runs hold no paired timing"))
+                ] if figs.get("step_time_overhead_vs_width") else []
+    flops = [_figure_block(figs["flops_vs_depth"], "flops_vs_depth",
+                           f"Forward GFLOP by depth (fvcore; {tables.FLOP_CONVENTION})")
+             ] if figs.get("flops_vs_depth") else []
+    cost.blocks += [] if paired_fig else unpaired
     cost.blocks += [
         _figure_block(figs.get("overhead_vs_width"), "overhead_vs_width",
                       "Paired step-time ratio to prenorm vs width (median of pairs; bars: the stopping "
                       "rule's interval when timed to a precision target, else a 95 % bootstrap CI; deepest depth); naive solid, two_phase dashed, lean dotted"),
         _figure_block(figs.get("overhead_vs_depth"), "overhead_vs_depth",
                       "Paired step-time ratio to prenorm vs depth (widest width)"),
+        *(unpaired if paired_fig else []), *flops,
         _figure_block(figs.get("router_flop_share_vs_width"), "router_flop_share_vs_width",
                       "Router FLOPs as a share of the forward's vs width: counted by fvcore (solid) "
                       "beside the analytic model (dotted)"),
@@ -221,6 +242,12 @@ _FAILURE_FOLDED = ("case_key", "router", "options", "impl", "backend", "compile_
                    "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed")
 
 
+def _thresholds(t: dict) -> str:
+    """``cpu_util_min 0.8`` -> ``cpu_util < 0.8``: the noise thresholds as the flags read."""
+    return ", ".join(f"{k.rsplit('_', 1)[0]} {'<' if k.endswith('_min') else '>'} {v:g}"
+                     for k, v in t.items())
+
+
 def _warnings(df: pd.DataFrame) -> list[str]:
     """What the reader must know before trusting a number: problems met reading the records, and
     timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in
@@ -239,7 +266,9 @@ def _warnings(df: pd.DataFrame) -> list[str]:
                              for k, r in list(noisy.items())[:5])
         out.append(f"Noise: {len(noisy)} of {timed} timed cases were noisy in their last timing "
                    f"({retimed} cases were timed more than once); their absolute times are unreliable, "
-                   f"their paired ratios are flagged (column \"noisy\"). E.g. {examples}.")
+                   f"their paired ratios are flagged (column \"noisy\": each reading that crossed its "
+                   f"threshold, {_thresholds(given or noise.THRESHOLDS)}; paired.csv keeps the full "
+                   f"reasons). E.g. {examples}.")
     t = paired.paired_ratio_table(df, n_boot=200)
     short = t[t["stop"].isin(["budget", "max_rounds"])] if len(t) else t
     if len(short):
@@ -248,7 +277,7 @@ def _warnings(df: pd.DataFrame) -> list[str]:
                    f"or its last look before reaching --precision-target (column \"timing stopped\"); "
                    + (f"their half-widths reached ±{hw.min():.1%} to ±{hw.max():.1%}." if len(hw) else
                       "they have no interval."))
-    return out + consistency_warnings(df)
+    return out + race.diverged_warnings(df, pl.variant_labels(df)) + consistency_warnings(df)
 
 
 #: How far a paired and an unpaired ratio to prenorm may differ (relative) before they disagree.
@@ -325,8 +354,9 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
             top.blocks.append(("text", summary.METHOD))
             top.blocks += table_blocks(table, "")
             sections.append(top)
-    train = (Section("Training race: time to target loss", _training_blocks(df, figs, manifests))
-             if has_train else None)
+    train = (Section(TRAIN_TITLE, _training_blocks(df, figs, manifests)) if has_train else None)
+    if train is not None and sections:  # the race's headline beside the costs, on the first screen
+        sections[0].blocks[len(said):len(said)] = _race_headline(df, manifests)
     if train is not None and not has_cost:  # a training run: its sentences are the summary
         sections.append(train)
     warnings = _warnings(df)

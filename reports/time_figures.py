@@ -44,8 +44,9 @@ def step_time_overhead_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path |
     workload when both decoder and router-only ran; a dashed zero line marks prenorm.
 
     Returns:
-        ``<out_dir>/step_time_overhead_vs_width.png``, or ``None`` when no non-prenorm case has an
-        overhead or fewer than two widths were measured.
+        ``<out_dir>/step_time_overhead_vs_width.png`` with ``step_time_overhead_vs_width.csv``
+        (the rows of :func:`reports.tables.overhead_table` drawn, with their ``setting``), or
+        ``None`` when no non-prenorm case has an overhead or fewer than two widths were measured.
     """
     t = tables.overhead_table(df)
     t = t[(t["router"] != BASELINE) & t["overhead_pct"].notna()].copy()
@@ -56,6 +57,7 @@ def step_time_overhead_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path |
     if t["run_id"].nunique() > 1:  # never average two runs (maybe two machines) into one line
         t["setting"] = t["setting"] + ", " + t["run_id"]
     t["overhead_pct"] = t["overhead_pct"].astype(float)
+    data = t.copy()
     t["d_model"] = t["d_model"].astype(float)
     hue = pl.variant_hue(df, t)
     g = sns.relplot(data=t, kind="line", x="d_model", y="overhead_pct", **hue,
@@ -64,9 +66,11 @@ def step_time_overhead_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path |
                     facet_kws={"sharey": False})
     g.refline(y=0, color="0.4", linestyle="--", linewidth=1)
     pl.measured_ticks(g, t["d_model"], log2=True)
-    g.set_axis_labels("d_model", "step-time overhead vs prenorm (%)")
-    g.figure.suptitle("Step-time overhead vs prenorm by width (median of repeats)", y=1.03)
-    return pl.save_named(g.figure, out_dir, "step_time_overhead_vs_width")
+    g.set_axis_labels("d_model (features per token, log₂ scale)", "step-time overhead vs prenorm (%)")
+    g.figure.suptitle("Step-time overhead vs prenorm by width, unpaired medians of repeats — "
+                      f"{pl.device_title(df)}\n{pl.shape_text(t, skip=('d_model', 'n_layers'))}",
+                      y=1.08, fontsize=10)
+    return pl.save_with_data(g.figure, out_dir, "step_time_overhead_vs_width", data)
 
 
 def _overhead_vs(df: pd.DataFrame, out_dir: Path | str, x: str, fixed: str, name: str,

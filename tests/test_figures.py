@@ -3,6 +3,8 @@ tiny real sweep, each with its data."""
 
 from __future__ import annotations
 
+import base64
+
 import pandas as pd
 import pytest
 import torch
@@ -12,7 +14,7 @@ from harness.sweep.cases import expand
 from harness.sweep.options import SweepOptions
 from harness.sweep.run import run_sweep
 from harness.timing.timer import TimingPolicy
-from reports import build_report, load_frame, plotting
+from reports import build_report, load_frame, plotting, tables
 from reports.report import FIGURES
 from reports.sections import NO_DATA
 from reports.time_figures import compile_vs_eager
@@ -21,8 +23,9 @@ from workloads.config import DecoderConfig
 TINY = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
 ROUTERS = ["prenorm", "haares", "block_attnres"]
 #: The figures of the paired cost sweep (compile_vs_eager needs a compiled backend: its own test).
-COST_FIGURES = ("overhead_vs_width", "overhead_vs_depth", "router_flop_share_vs_width",
-                "memory_vs_depth", "router_cost_models")
+COST_FIGURES = ("step_time_overhead_vs_width", "overhead_vs_width", "overhead_vs_depth",
+                "flops_vs_depth", "router_flop_share_vs_width", "memory_vs_depth",
+                "router_cost_models")
 DEVICE = "Test Device 9000"
 #: (router, impl) of the sweep: prenorm offers only naive.
 VARIANTS = {("prenorm", "naive"), ("haares", "naive"), ("haares", "two_phase"),
@@ -77,6 +80,51 @@ def test_report_draws_every_cost_figure_with_its_data(sweep_dir, tmp_path):
         if name.endswith(".png"):
             assert plotting.png_size(path)[0] <= plotting.MAX_WIDTH_PX, name
     assert set(FIGURES) <= set(NO_DATA) | {"paired_ratios", "impls"}  # those two say why in their section
+
+
+def test_report_shows_every_figure_it_writes(sweep_dir, tmp_path):
+    out = build_report([sweep_dir], tmp_path)
+    md = out["report.md"].read_text(encoding="utf-8")
+    page = out["report.html"].read_text(encoding="utf-8")
+    written = sorted(n for n in out if n.endswith(".png"))
+    assert {"flops_vs_depth.png", "step_time_overhead_vs_width.png"} <= set(written)
+    for name in written:  # each linked in the Markdown and inlined, byte for byte, in the page
+        assert f"]({name})" in md, name
+        assert base64.b64encode(out[name].read_bytes()).decode("ascii") in page, name
+    assert page.count("data:image/png;base64,") == len(written)
+    cost = md.split("## Cost: step time, FLOPs and memory vs prenorm")[1].split("\n## ")[0]
+    order = [cost.index(f"]({n}.png)") for n in ("overhead_vs_width", "overhead_vs_depth",
+                                                  "step_time_overhead_vs_width", "flops_vs_depth",
+                                                  "router_flop_share_vs_width")]
+    assert order == sorted(order)  # paired first; the unpaired overhead after them, as detail
+
+
+def test_flops_vs_depth_data(drawn, sweep_dir):
+    t = drawn["flops_vs_depth"][1]
+    assert list(t.columns) == ["router", "options", "impl", "variant", "workload", "d_model",
+                               "n_layers", "gflop_fwd"]
+    assert set(zip(t["router"], t["impl"])) == VARIANTS
+    assert len(t) == len(VARIANTS) * 2 * 2 and set(t["d_model"]) == {16, 32}
+    assert set(t["n_layers"]) == {2, 4}
+    ov = tables.overhead_table(load_frame([sweep_dir]))
+    want = ov.groupby(["variant", "d_model", "n_layers"])["gflop_fwd"].median()
+    got = t.set_index(["variant", "d_model", "n_layers"])["gflop_fwd"]
+    assert got.tolist() == pytest.approx(want.loc[got.index].tolist())
+    wide = t.pivot_table(index=["variant", "d_model"], columns="n_layers", values="gflop_fwd")
+    assert (wide[4] > wide[2]).all()  # every router's forward grows with depth
+    per = t.pivot_table(index=["d_model", "n_layers"], columns="variant", values="gflop_fwd")
+    assert (per["haares [naive]"] > per["prenorm"]).all()  # the router's mixing is counted
+
+
+def test_step_time_overhead_vs_width_data(drawn, sweep_dir):
+    t = drawn["step_time_overhead_vs_width"][1]
+    assert {"router", "impl", "d_model", "n_layers", "median_ms", "prenorm_ms", "overhead_pct",
+            "setting"} <= set(t.columns)
+    assert "prenorm" not in set(t["router"]) and set(t["setting"]) == {"fwd_bwd"}
+    assert set(zip(t["router"], t["impl"], t["d_model"], t["n_layers"])) == {
+        (r, i, d, n) for r, i in VARIANTS if r != "prenorm" for d in (16, 32) for n in (2, 4)}
+    assert t["overhead_pct"].tolist() == pytest.approx(
+        ((t["median_ms"] / t["prenorm_ms"] - 1) * 100).tolist())
 
 
 def test_titles_name_device_and_shape_and_axes_have_units(drawn):

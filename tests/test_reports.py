@@ -154,9 +154,10 @@ def test_build_report_writes_everything(run_dir):
     assert "](step_time_overhead_vs_width.png)" in md and "](loss_curves.png)" in md
     import re
     shown = re.findall(r"\]\((\w+)\.png\)", md)
-    # unpaired fixture: the unpaired overhead figure stands in for the paired one
-    assert shown == ["step_time_overhead_vs_width", "router_flop_share_vs_width", "memory_vs_depth",
-                     "loss_curves"]
+    # unpaired fixture: the unpaired overhead figure stands in for the paired one; every
+    # figure written is shown (flops_vs_depth beside the router's FLOP share)
+    assert shown == ["step_time_overhead_vs_width", "flops_vs_depth", "router_flop_share_vs_width",
+                     "memory_vs_depth", "loss_curves"]
     assert page.count("data:image/png;base64,") == len(shown) and "<table" in page
     for text in (md, page):
         assert "run-a" in text and html.escape(cpu_model()) in text and "ffffffffffff" in text
