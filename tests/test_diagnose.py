@@ -168,3 +168,59 @@ def test_a_run_dir_without_checkpoints_or_training_runs_is_one_line_and_exit_2(r
     with pytest.raises(ConfigError, match="no checkpoint"):
         find_trained_runs(bare)
     assert not (bare / "diagnose").exists()
+
+
+def _copy(run_dir, tmp_path, name):
+    d = tmp_path / name
+    shutil.copytree(run_dir, d, ignore=shutil.ignore_patterns(".lock", "diagnose"))
+    return d
+
+
+def test_a_checkpoint_replaced_while_read_is_read_at_its_newer_step(run_dir, tmp_path, monkeypatch):
+    """A run in progress replaces its checkpoint once while diagnose reads it (fault hook
+    ``checkpoint_replaced=1``, which renames step-0 to step-1 as a next evaluation would): the
+    newest checkpoint is read, its step is recorded, and the others are unchanged."""
+    d = _copy(run_dir, tmp_path, "live")
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "checkpoint_replaced=1:train|haares|*")
+    out = tmp_path / "out"
+    res = invoke("diagnose", d, "--out", out, "--batches", BATCHES)
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and res.stderr == ""
+    rms = pd.read_csv(out / "hidden_rms.csv")
+    steps = rms.groupby("router")["step"].unique().map(list).to_dict()
+    assert steps == {"block_attnres": [0], "haares": [1], "prenorm": [0]}
+    (haares,) = [r for r in find_trained_runs(d) if r.router == "haares"]
+    assert haares.checkpoint.name == "step-00000001.pt" and haares.step == 1
+
+
+def test_a_run_whose_checkpoint_outlasts_the_retries_is_one_line(run_dir, tmp_path, monkeypatch):
+    """Replaced more often than diagnose looks again (CHECKPOINT_RETRIES + 1 reads): one run is
+    skipped with one note line while the others are diagnosed; every run so, exit 2 with one
+    line saying the run is in progress, no traceback, nothing written."""
+    from harness.training.checkpoint import CHECKPOINT_RETRIES
+    strikes = CHECKPOINT_RETRIES + 1
+    d = _copy(run_dir, tmp_path, "busy")
+    monkeypatch.setenv("ROUTERBENCH_FAULT", f"checkpoint_replaced={strikes}:train|haares|*")
+    res = invoke("diagnose", d, "--out", tmp_path / "some", "--batches", BATCHES)
+    assert res.exit_code == 0, res.output
+    assert res.stderr.splitlines() == [
+        "diagnose: haares-seed0: in progress (its checkpoint was replaced while being read), skipped"]
+    assert set(pd.read_csv(tmp_path / "some" / "hidden_rms.csv")["router"]) == {"prenorm", "block_attnres"}
+
+    d = _copy(run_dir, tmp_path, "all")
+    monkeypatch.setenv("ROUTERBENCH_FAULT", f"checkpoint_replaced={strikes}:train|*")
+    res = invoke("diagnose", d, "--out", tmp_path / "none", "--batches", BATCHES)
+    assert res.exit_code == 2
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.output
+    assert res.stderr.startswith("routerbench: error: RUN_DIR: ") and "in progress" in res.stderr
+    assert str(d) in res.stderr
+    assert not (tmp_path / "none").exists()
+
+    one = _copy(run_dir, tmp_path, "one")
+    for r in find_trained_runs(one):
+        if r.router != "prenorm":
+            shutil.rmtree(r.checkpoint.parent)
+    monkeypatch.setenv("ROUTERBENCH_FAULT", f"checkpoint_replaced={strikes}:train|*")
+    res = invoke("diagnose", one, "--batches", BATCHES)
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert f"run prenorm-seed0 is in progress: its checkpoint was replaced {strikes} times" in res.stderr

@@ -222,6 +222,18 @@ def test_fault_hook_parsing():
     assert faults.parse("kill_after_eval=2:train|*") == [("kill_after_eval", "train|*", 2)]
     with pytest.raises(ValueError, match=r"KIND\[=N\]:GLOB"):
         faults.parse("explode:x")
+    with pytest.raises(ValueError, match="checkpoint_replaced needs"):
+        faults.parse("checkpoint_replaced:train|*")
+
+
+def test_every_fault_kind_is_documented_in_the_hook_and_the_readme():
+    """The one hook's kinds are those its module docstring and the README's fault list name."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = readme[readme.index("**Fault injection**"):][:1500]
+    for kind in faults.KINDS:
+        assert f"``{kind}" in faults.__doc__, kind
+        assert f"`{kind}" in listed, kind
 
 
 def test_a_torn_staged_row_is_not_committed(tmp_path):

@@ -41,6 +41,11 @@ them). Kinds:
   four steps in a row spread by MS), a planted noisy case: its step times spread, so its timing is
   flagged noisy and re-timed (MEASUREMENT.md, "Noise on shared machines"), while the other cases of
   its group are not.
+- ``checkpoint_replaced=N``: the first N times ``routerbench diagnose`` is about to read the
+  run's checkpoint, it is replaced first, as a training run in progress does at its next
+  evaluation: renamed to the next step's name (``step-<N+1>.pt``), so the path chosen is gone
+  (the test that diagnose reads the newest checkpoint, or says in one line that the run is in
+  progress when the replacements outlast its retries).
 
 Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
 ``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
@@ -60,7 +65,7 @@ from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
 KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "kill_in_unit",
-         "kill_after_commit", "slow", "jitter")
+         "kill_after_commit", "slow", "jitter", "checkpoint_replaced")
 
 
 def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
@@ -78,7 +83,7 @@ def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
         kind, eq, arg = kind.partition("=")
         if not sep or kind not in KINDS or (eq and not arg.isdigit()):
             raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
-        if kind in ("slow", "jitter", "kill_in_unit") and not (eq and int(arg) > 0):
+        if kind in ("slow", "jitter", "kill_in_unit", "checkpoint_replaced") and not (eq and int(arg) > 0):
             raise ValueError(f"{ENV}: entry {entry!r}: {kind} needs its delay, {kind}=MS:GLOB with MS > 0")
         out.append((kind, glob, int(arg) if eq else None))
     return out
@@ -157,6 +162,24 @@ def kill_now() -> None:
     """Die here by ``SIGKILL``, as a killed process does (no handler, no clean-up)."""
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # the signal is delivered before this returns
+
+
+_replaced: dict[str, int] = {}
+
+
+def maybe_replace_checkpoint(case_key: str, path: Path) -> None:
+    """Replace the checkpoint at ``path`` as a trainer's next evaluation would (rename it to the
+    next step's name, ``…step-<N+1>.pt``) if ``ROUTERBENCH_FAULT`` names this run
+    ``checkpoint_replaced=N`` and it has done so fewer than N times in this process for this
+    checkpoint folder."""
+    entry = fault_entry(case_key)
+    folder = str(path.parent)
+    if not entry or entry[0] != "checkpoint_replaced" or _replaced.get(folder, 0) >= entry[1]:
+        return
+    _replaced[folder] = _replaced.get(folder, 0) + 1
+    head, sep, tail = path.name.rpartition("step-")
+    step = int(tail.split(".")[0])
+    os.replace(path, path.with_name(f"{head}{sep}{step + 1:08d}.pt"))
 
 
 def maybe_disk_full(case_keys: Iterable[str], path: Path, data: bytes) -> None:

@@ -6,7 +6,8 @@ folder) to ``checkpoints/<run hash>/step-<step>.pt``, before the evaluation's ro
 a killed run resumes from the checkpoint of its last committed evaluation. A finished run keeps
 only its final weights (``final-step-<step>.pt``) for ``routerbench diagnose``. Under DDP rank 0
 alone writes, with the underlying module's weights (no ``module.`` prefix), which every rank loads
-on resume, whatever the world size then.
+on resume, whatever the world size then. ``routerbench diagnose`` reads a run's newest checkpoint
+with :func:`read_checkpoint`, which looks again when a run in progress replaced it meanwhile.
 
 The functions take a :class:`harness.training.run.TrainRun` (its ``key``, ``step``, ``clock``,
 ``evals``, ``model``, ``opt``, ``gen``, ``graphed`` and ``device``).
@@ -14,9 +15,11 @@ The functions take a :class:`harness.training.run.TrainRun` (its ``key``, ``step
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import random
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,29 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.rundir.faults import maybe_replace_checkpoint
 from routers.errors import ConfigError
 
 #: The folder of a run directory that holds every run's checkpoints.
 CHECKPOINT_DIR = "checkpoints"
 #: Version of the checkpoint layout.
 FORMAT = 1
+_STEP = re.compile(r"step-(\d+)\.pt$")
+#: How often a run's newest checkpoint is looked for again when the one chosen is gone before it
+#: is read: a run in progress writes a new checkpoint at each evaluation and then removes the old.
+CHECKPOINT_RETRIES = 3
+
+
+class RunInProgress(ConfigError):
+    """A run's checkpoints were replaced more than :data:`CHECKPOINT_RETRIES` times while being
+    read, or all removed meanwhile: the run is in progress (its label and the retries in the message)."""
+
+
+def newest_checkpoint(folder: Path) -> tuple[int, Path] | None:
+    """``(N, path)`` of the checkpoint of largest step N in a run's checkpoint folder
+    (``final-step-N.pt`` or ``step-N.pt``; a ``.tmp`` file being written is never read), or None."""
+    found = [(int(m.group(1)), p) for p in folder.glob("*step-*.pt") if (m := _STEP.search(p.name))]
+    return max(found) if found else None
 
 
 def checkpoint_dir(run_dir: Path | str, key: str) -> Path:
@@ -118,3 +138,34 @@ def restore(run, path: Path) -> dict[str, Any]:
     if state.get("cuda_rng") is not None and run.device.type == "cuda":
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return {"step": state["step"], "clock": state["clock"], "evals": state["evals"]}
+
+
+def read_checkpoint(run: Any) -> tuple[Any, dict[str, Any]]:
+    """The state saved in the checkpoint of ``run`` (a :class:`harness.training.diagnose.TrainedRun`:
+    its ``key``, ``label`` and ``checkpoint``), or in its newest one when a run in progress
+    replaced the chosen checkpoint before it was read (at most :data:`CHECKPOINT_RETRIES` times
+    again; a rename is atomic, so a checkpoint found is whole).
+
+    Returns:
+        ``(run, state)``: ``run`` with the checkpoint read and its step, and the loaded dict.
+
+    Raises:
+        RunInProgress: the run's checkpoints kept being replaced, or were all removed meanwhile.
+        ConfigError: the checkpoint belongs to another run.
+    """
+    for _ in range(CHECKPOINT_RETRIES + 1):
+        maybe_replace_checkpoint(run.key, run.checkpoint)  # the test hook: a trainer's next evaluation
+        try:
+            state = torch.load(run.checkpoint, map_location="cpu", weights_only=False)  # our own file
+        except FileNotFoundError:
+            found = newest_checkpoint(run.checkpoint.parent)
+            if found is None:
+                raise RunInProgress(f"RUN_DIR: run {run.label} is in progress: its checkpoints were "
+                                    "removed while being read (it ended or diverged); diagnose again") from None
+            run = dataclasses.replace(run, step=found[0], checkpoint=found[1])
+            continue
+        if state.get("key") != run.key:
+            raise ConfigError(f"RUN_DIR: checkpoint {run.checkpoint} belongs to another run")
+        return run, state
+    raise RunInProgress(f"RUN_DIR: run {run.label} is in progress: its checkpoint was replaced "
+                        f"{CHECKPOINT_RETRIES + 1} times while being read; diagnose again when it ends")

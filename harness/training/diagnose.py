@@ -26,7 +26,6 @@ import ast
 import dataclasses
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,12 +41,9 @@ from workloads.config import DecoderConfig
 from workloads.data import CharCorpus, default_corpus
 from workloads.decoder import Decoder
 
-from .checkpoint import CHECKPOINT_DIR, checkpoint_dir
+from .checkpoint import CHECKPOINT_DIR, RunInProgress, checkpoint_dir, newest_checkpoint, read_checkpoint
 
 TRAIN_MODES = ("train", "pilot", "study")
-_STEP = re.compile(r"step-(\d+)\.pt$")
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainedRun:
     """One training run of a run directory and its latest checkpoint.
@@ -93,7 +89,7 @@ def find_trained_runs(run_dir: Path | str, skipped: list[str] | None = None) -> 
 
     Args:
         run_dir: a run directory of ``routerbench train`` (or of ``run`` with a smoke race).
-        skipped: when a list, the labels of runs without a checkpoint are appended to it.
+        skipped: when a list, one line per run without a checkpoint is appended to it.
 
     Returns:
         one :class:`TrainedRun` per run with a checkpoint, in records order.
@@ -120,13 +116,12 @@ def find_trained_runs(run_dir: Path | str, skipped: list[str] | None = None) -> 
     runs = []
     for key, r in first.items():
         label = labels[key] + (f"-{hashlib.sha1(key.encode()).hexdigest()[:6]}" if counts[labels[key]] > 1 else "")
-        found = [(int(m.group(1)), p) for p in checkpoint_dir(d, key).glob("*step-*.pt")
-                 if (m := _STEP.search(p.name))]
-        if not found:
+        found = newest_checkpoint(checkpoint_dir(d, key))
+        if found is None:
             if skipped is not None:
-                skipped.append(label)
+                skipped.append(f"{label}: no checkpoint, skipped")
             continue
-        step, path = max(found)
+        step, path = found
         cfg = _decoder_config(key)
         if (cfg.d_model, cfg.n_layers) != (r.get("d_model"), r.get("n_layers")):
             raise ConfigError(f"RUN_DIR: run {label}: its case key says d_model/n_layers "
@@ -169,20 +164,21 @@ def run_corpus(run_dir: Path | str, run: TrainedRun, data: str | Path | None = N
                       "here; give it with --data DIR")
 
 
-def load_model(run: TrainedRun, device: torch.device | str = "cpu") -> Decoder:
-    """The decoder of ``run`` with its checkpoint's weights, ``impl`` forced to ``naive``, in eval
-    mode on ``device``.
+def load_model(run: TrainedRun, device: torch.device | str = "cpu",
+               state: dict[str, Any] | None = None) -> Decoder:
+    """The decoder of ``run`` with its checkpoint's weights (``state``, else read by
+    :func:`read_checkpoint`), ``impl`` forced to ``naive``, in eval mode on ``device``.
 
     Raises:
-        ConfigError: the checkpoint belongs to another run or does not fit the rebuilt model.
+        ConfigError: the checkpoint belongs to another run or does not fit the rebuilt model;
+            :class:`RunInProgress` from :func:`read_checkpoint`.
     """
     options = dict(run.options)
     if "impl" in router_options(run.router):
         options["impl"] = "naive"
     model = Decoder(run.cfg, run.router, options)
-    state = torch.load(run.checkpoint, map_location="cpu", weights_only=False)  # our own file
-    if state.get("key") != run.key:
-        raise ConfigError(f"RUN_DIR: checkpoint {run.checkpoint} belongs to another run")
+    if state is None:
+        run, state = read_checkpoint(run)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
@@ -325,22 +321,36 @@ def diagnose_run_dir(run_dir: Path | str, batches: int = 4, data: str | Path | N
         batches: fixed validation batches per run (of the run's batch size and sequence length).
         data: the corpus dir, when the one the manifest records is not here.
         device: where the models run.
-        skipped: receives the labels of runs without a checkpoint.
+        skipped: receives one line per run skipped: without a checkpoint, or in progress (its
+            checkpoints replaced while being read, :func:`read_checkpoint`).
 
     Returns:
-        ``[(run, diagnosis), …]``, one per run, in records order.
+        ``[(run, diagnosis), …]``, one per run, in records order (a run read from a newer
+        checkpoint than :func:`find_trained_runs` chose carries that one and its step).
 
     Raises:
         ConfigError: from :func:`find_trained_runs`, :func:`run_corpus` or :func:`load_model`, or
-            ``batches`` < 1.
+            ``batches`` < 1; :class:`RunInProgress` when every run with a checkpoint is in progress.
     """
     if batches < 1:
         raise ConfigError(f"--batches must be >= 1, got {batches}")
     out, corpora = [], {}
+    in_progress: list[RunInProgress] = []
     for run in find_trained_runs(run_dir, skipped):
+        try:
+            run, state = read_checkpoint(run)
+        except RunInProgress as exc:
+            in_progress.append(exc)
+            if skipped is not None:
+                skipped.append(f"{run.label}: in progress (its checkpoint was replaced while being read), skipped")
+            continue
         sha = run.key.rsplit("|", 1)[-1]
         if sha not in corpora:
             corpora[sha] = run_corpus(run_dir, run, data)
         val = fixed_val_batches(corpora[sha].val, run.cfg.batch_size, run.cfg.seq_len, batches)
-        out.append((run, diagnose_model(load_model(run, device), val, device)))
+        out.append((run, diagnose_model(load_model(run, device, state), val, device)))
+    if not out and in_progress:
+        raise in_progress[0] if len(in_progress) == 1 else RunInProgress(
+            f"RUN_DIR: {Path(run_dir)}: all {len(in_progress)} runs with a checkpoint are in progress "
+            "(their checkpoints were replaced while being read); diagnose again when they end")
     return out
