@@ -2,18 +2,45 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import types
 import typing
+from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
 
-#: name -> router class, filled by :func:`register` when ``routers`` is imported.
+#: name -> router class, filled by :func:`register` as :func:`load_routers` imports the router
+#: modules (on first use of a router name or of ``routers.ROUTERS``).
 ROUTERS: dict[str, type] = {}
 #: The router every other router is compared with: the standard PreNorm residual (a paired
 #: group's ``A``, the baseline of every ratio and of the training race).
 BASELINE = "prenorm"
+
+
+#: Modules of ``routers`` that define no router (infrastructure, imported where needed).
+INFRA_MODULES = frozenset({"base", "errors", "registry", "mixer", "two_phase", "lean", "impls", "peers"})
+_loaded = False
+
+
+def load_routers() -> dict[str, type]:
+    """Import every router module of the package once, so that each registers itself
+    (``@register``): a router in a new file appears in ``routerbench list``, sweeps and the
+    parametrised tests without other edits. Called on first use, not on ``import routers``, so that
+    a light import (``routers.errors``, ``routerbench --help``) does not load torch.
+
+    Returns:
+        :data:`ROUTERS`.
+    """
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            if m.name not in INFRA_MODULES and not m.name.startswith("_"):
+                importlib.import_module(f"{__package__}.{m.name}")
+    return ROUTERS
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -39,6 +66,7 @@ def router_class(name: str) -> type:
     Raises:
         ConfigError: unknown name; the message lists the known routers and names ``--routers``.
     """
+    load_routers()
     try:
         return ROUTERS[name]
     except KeyError:

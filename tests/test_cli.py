@@ -26,7 +26,7 @@ def test_list_shows_every_router():
     assert "partial_details='always'" in out and "haares-201m" in out
 
 
-def test_run_end_to_end_and_resume(tmp_path):
+def test_run_end_to_end_and_resume(tmp_path, monkeypatch):
     args = ["run", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2",
             "--repeats", "2", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager", "--impls", "naive", "--no-train",
             "--out", tmp_path, "--run-id", "r1", "--quiet"]
@@ -42,9 +42,14 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert len(st) == 2 * 2 * 2 * 2  # routers x widths x modes x repeats
     assert set(df[df.metric == "fwd_flops_fvcore"].d_model) == {16, 32}
     n_lines = len(read_jsonl(run_dir / "records.jsonl"))
+    from harness.timing import noise  # a busy machine at the start is said on stderr, once
+    busy = tmp_path / "pressure"
+    busy.write_text("some avg10=52.00 avg60=10.00 avg300=3.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    monkeypatch.setattr(noise, "PRESSURE_FILE", busy)
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     assert "resuming" in res.output and "cost sweep: 8 resumed" in res.output
+    assert res.stderr.count("warning: this machine is busy") == 1 and "CPU 52% of the last 10 s" in res.stderr
     assert len(pd.DataFrame(load_rows([run_dir])).query("metric == 'step_time'")) == len(st)
     lines = read_jsonl(run_dir / "records.jsonl")
     assert len(lines) == n_lines and END in lines[-1]  # nothing appended, still ends in a marker
@@ -102,3 +107,38 @@ def test_prepare_real_text_then_train_to_target(tmp_path):
     assert df[df.metric == "time_to_target_eval"].value.iloc[0] == clock[steps]
     assert df[df.metric == "loss_at_token_budget"].value.iloc[0] == \
         df[(df.metric == "val_loss") & (df.repeat == 40)].value.iloc[0]
+
+
+def test_the_command_table_is_every_modules_commands_with_their_lines():
+    """``routerbench --help`` lists the commands from a static table (so that it loads no module
+    of a command): the table must name each command of every module, with the line it shows."""
+    import importlib
+    import pkgutil
+
+    import harness.cli as cli
+    found = {}
+    for m in pkgutil.iter_modules(cli.__path__):
+        if m.name == "__main__":
+            continue
+        mod = importlib.import_module(f"harness.cli.{m.name}")
+        for cmd in getattr(mod, "COMMANDS", ()):
+            attr = next(k for k, v in vars(mod).items() if v is cmd)
+            found[cmd.name] = (m.name, attr, cmd.short_help)
+    assert found == cli.COMMANDS
+    ctx = main.make_context("routerbench", [], resilient_parsing=True)
+    assert [main.get_command(ctx, n).name for n in main.list_commands(ctx)] == sorted(found)
+    assert main.get_command(ctx, "bogus") is None
+
+
+def test_top_level_help_loads_no_heavy_library():
+    """``routerbench --help`` (every command's line) imports neither torch, pandas, scipy nor
+    matplotlib; ``routerbench list`` does (it needs the routers)."""
+    import subprocess
+    import sys
+    probe = ("import sys\nfrom harness.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('torch', 'pandas', 'scipy', 'matplotlib') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
+    assert "LOADED []" in out, out
+    for name in ("compare", "diagnose", "train", "summary"):
+        assert f"  {name} " in out
+    assert invoke("list").exit_code == 0

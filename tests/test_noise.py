@@ -51,6 +51,27 @@ def _sweep(tmp_path, opts) -> pd.DataFrame:
     return pd.DataFrame(load_rows([tmp_path]))
 
 
+def test_a_busy_machine_is_said_at_the_start_from_cpu_pressure(tmp_path):
+    """``/proc/pressure/cpu``'s "some avg10" (percent) above cpu_pressure_max (a ratio) warns;
+    at or below it, without the file, or unreadable, nothing is said."""
+    line = "some avg10={} avg60=1.00 avg300=0.50 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    warn = noise.busy_warning(line.format("52.00"))
+    assert warn.startswith("warning: this machine is busy") and "52%" in warn and "above 20%" in warn
+    assert noise.busy_warning(line.format("20.00")) is None  # the threshold itself is quiet
+    assert noise.busy_warning(line.format("20.01")) is not None
+    assert noise.busy_warning(line.format("52.00"), threshold=0.6) is None
+    assert noise.busy_warning("") is None and noise.busy_warning("some avg10=x total=1") is None
+    absent = tmp_path / "no-psi"
+    old = noise.PRESSURE_FILE
+    try:
+        noise.PRESSURE_FILE = absent
+        assert noise.busy_warning() is None
+        absent.write_text(line.format("75.50"))
+        assert "76%" in noise.busy_warning()
+    finally:
+        noise.PRESSURE_FILE = old
+
+
 def test_a_noisy_group_is_timed_again_and_every_attempt_is_kept(tmp_path):
     df = _sweep(tmp_path / "a", replace(OPTS, noise_thresholds=ALWAYS, max_attempts=3, remeasure_s=600))
     st = df[df.metric == "step_time"]

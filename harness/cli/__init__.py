@@ -13,9 +13,33 @@ from __future__ import annotations
 MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.step", "harness.timing",
               "harness.costs", "harness.sweep", "harness.training", "harness.spec", "reports", "harness.ci")
 
+import importlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+
+#: Every command: name -> (module of this package, its attribute, the one line ``routerbench
+#: --help`` shows). The group imports a command's module only when that command runs or shows its
+#: own help, so ``routerbench --help`` loads neither torch nor pandas; each command takes its line
+#: from here (``short_help=SHORT_HELP[name]``), and tests/test_cli.py checks the table against
+#: the modules' ``COMMANDS``.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "list": ("listing", "list_cmd", "Routers (impls, options), backends, modes and presets."),
+    "run": ("run", "run_cmd", "Cost sweep (+ a one-seed smoke race + report)."),
+    "train": ("train", "train_cmd", "Time to a target validation loss, routers x seeds paired by seed."),
+    "study": ("study", "study_group", "Studies across a grid of shapes (`study depth`)."),
+    "profile": ("profile", "profile_cmd", "torch.profiler traces of one case; the router's share of a step."),
+    "report": ("report", "report_cmd", "Tables, figures, report.html and report.md from run dirs."),
+    "summary": ("report", "summary_cmd", "Step time per case: vs prenorm, vs eager, compile time apart."),
+    "compare": ("compare", "compare_cmd", "Paired ratios per device and step-time ratios between runs."),
+    "gate": ("gate", "gate_cmd", "Check paired timing ratios against the CI gate's rules."),
+    "export": ("export", "export_cmd", "Run dirs as one table (Parquet or CSV)."),
+    "diagnose": ("diagnose", "diagnose_cmd", "What a trained router learned: depth weights, details, RMS."),
+    "status": ("status", "status_cmd", "Cases done and left in a run dir, and how to resume it."),
+    "data": ("data", "data_group", "Corpora for training."),
+}
+#: name -> the line ``routerbench --help`` shows for it.
+SHORT_HELP = {name: short for name, (_, _, short) in COMMANDS.items()}
 
 
 def _interrupted_while_loading(signum, frame):  # Ctrl-C while torch loads: no traceback
@@ -31,7 +55,22 @@ from routers.errors import ConfigError  # noqa: E402
 
 
 class _Group(click.Group):
-    """Turns every usage or configuration error into one line and exit status 2."""
+    """Turns every usage or configuration error into one line and exit status 2, and loads each
+    command's module on first use (:data:`COMMANDS`)."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+    def format_commands(self, ctx, formatter):
+        """The commands' lines from :data:`COMMANDS`, without importing their modules."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SHORT_HELP[name]) for name in self.list_commands(ctx)])
 
     def main(self, args=None, prog_name=None, **kw):
         try:
@@ -67,12 +106,4 @@ def main() -> None:
     """Benchmark and profile residual routers in decoder-only Transformers."""
 
 
-def _register() -> None:
-    from . import compare, data, diagnose, export, gate, listing, profile, report, run, status, study, train
-    for mod in (listing, run, train, study, profile, report, compare, gate, export, diagnose, status, data):
-        for cmd in mod.COMMANDS:
-            main.add_command(cmd)
-
-
-_register()
 signal.signal(signal.SIGINT, _previous_sigint)  # the commands install their own (harness.cli.common)

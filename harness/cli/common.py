@@ -178,13 +178,17 @@ class Run:
                    self.spec.NOT_IN_FILE)
 
     def announce(self, what: str = "") -> None:
-        """Say where the run goes, whether it resumes, and what was recovered from a dead writer."""
+        """Say where the run goes, whether it resumes, and what was recovered from a dead writer,
+        and warn on stderr when the machine is already busy (:func:`harness.timing.noise.busy_warning`)."""
         rec = self.writer.recovered
         if rec["pending_units"] or rec["torn_tail_bytes"]:
             torn = f" and a torn tail of records.jsonl ({rec['torn_tail_bytes']} bytes)" if rec["torn_tail_bytes"] else ""
             click.echo(f"recovered: {rec['pending_units']} unfinished unit(s){torn} of an earlier process, "
                        f"moved to {self.dir / 'aborted'}")
         click.echo(f"{'resuming' if self.resumed else 'writing'} {self.dir}{what}")
+        from harness.timing.noise import busy_warning
+        if (busy := busy_warning()) is not None:
+            click.echo(busy, err=True)
 
     def manifest(self, extra: dict[str, Any]) -> None:
         """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun."""

@@ -9,10 +9,11 @@ import click
 
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
 from .report import run_dirs
 
 
-@click.command("compare")
+@click.command("compare", short_help=SHORT_HELP["compare"])
 @click.argument("runs", nargs=-1, required=True)
 @click.option("--out", default=None, metavar="DIR",
               help="Output dir (default: compare-<first run id> beside the first run).")

@@ -7,8 +7,10 @@ import click
 
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
 
-@click.group("data")
+
+@click.group("data", short_help=SHORT_HELP["data"])
 def data_group() -> None:
     """Corpora for training."""
 

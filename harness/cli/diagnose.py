@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import click
 
+from . import SHORT_HELP
 
-@click.command("diagnose")
+
+@click.command("diagnose", short_help=SHORT_HELP["diagnose"])
 @click.argument("run_dir")
 @click.option("--out", default=None, metavar="DIR", help="Output dir (default: RUN_DIR/diagnose).")
 @click.option("--batches", default=4, show_default=True, type=click.IntRange(min=1), metavar="N",

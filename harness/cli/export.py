@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
+from . import SHORT_HELP
 
-@click.command("export")
+
+@click.command("export", short_help=SHORT_HELP["export"])
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", required=True, metavar="FILE", help="The file to write (replaced if it exists).")
 @click.option("--format", "fmt", default=None, metavar="[parquet|csv]",

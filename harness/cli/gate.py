@@ -15,6 +15,7 @@ import click
 from harness.rundir.records import RECORDS_FILE
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
 from .report import run_dirs
 
 COLUMNS = ["rule", "metric", "case", "ratio", "CI", "limit", "verdict", "note"]
@@ -191,7 +192,7 @@ def _names(paths) -> str:
     return ", ".join(str(p) for p in paths)
 
 
-@click.command("gate")
+@click.command("gate", short_help=SHORT_HELP["gate"])
 @click.argument("results", nargs=-1, required=True)
 @click.option("--rules", "rules_path", required=True, metavar="RULES.toml",
               help="Rules file: [[rule]] tables with metric, max_pct and optional name, routers, modes, "

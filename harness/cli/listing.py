@@ -10,8 +10,10 @@ from harness.sweep.cases import offered_impls
 from routers import ROUTERS, router_class, router_options
 from workloads.config import PRESETS, TRAINING_PRESETS
 
+from . import SHORT_HELP
 
-@click.command("list")
+
+@click.command("list", short_help=SHORT_HELP["list"])
 def list_cmd() -> None:
     """Routers (with implementations and options), backends, modes and presets."""
     click.echo("routers:")

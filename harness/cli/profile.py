@@ -6,11 +6,12 @@ import sys
 
 import click
 
+from . import SHORT_HELP
 from ..spec import ProfileSpec
 from .common import Run, load_spec, spec_options
 
 
-@click.command("profile")
+@click.command("profile", short_help=SHORT_HELP["profile"])
 @spec_options(ProfileSpec)
 def profile_cmd(config, **cli) -> None:
     """torch.profiler traces of one case and the router's share of its step time.

@@ -8,6 +8,8 @@ import click
 
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
+
 
 def run_dirs(results, bench_out: str = "beside") -> list[Path]:
     """The run directories named by RESULTS: each one itself, or every run directory below it; a
@@ -49,7 +51,7 @@ def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
     click.echo("report: " + ", ".join(str(paths[k]) for k in ("report.html", "report.md") if k in paths))
 
 
-@click.command("report")
+@click.command("report", short_help=SHORT_HELP["report"])
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", default=None, metavar="DIR", help="Output dir (default: the run dir when there is one).")
 @click.option("--noise-thresholds", default=None, metavar="JSON",
@@ -86,7 +88,7 @@ def parse_noise_thresholds(text: str | None) -> dict | None:
         raise ConfigError(str(exc)) from None
 
 
-@click.command("summary")
+@click.command("summary", short_help=SHORT_HELP["summary"])
 @click.argument("results", nargs=-1, required=True)
 def summary_cmd(results) -> None:
     """Print step time per case: vs prenorm, vs eager, and compile/capture time apart (with a run

@@ -9,6 +9,7 @@ import click
 
 from harness.sweep.options import timing_manifest
 
+from . import SHORT_HELP
 from ..spec import RunSpec
 from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
 from .common import Run, load_spec, spec_options
@@ -17,7 +18,7 @@ from .report import write_report
 from .train import corpus_info, load_corpus, plan, train_runs
 
 
-@click.command("run")
+@click.command("run", short_help=SHORT_HELP["run"])
 @spec_options(RunSpec)
 @dry_run_option
 def run_cmd(config, dry_run, **cli) -> None:

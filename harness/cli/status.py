@@ -14,6 +14,7 @@ from harness.rundir.records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC
                                     units)
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
 from ..spec import ProfileSpec, RunSpec, TrainSpec, load
 from ..spec.base import tomllib
 from ..spec.study import StudySpec
@@ -41,7 +42,7 @@ def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]
     return [spec.case().key], 0
 
 
-@click.command("status")
+@click.command("status", short_help=SHORT_HELP["status"])
 @click.argument("run_dir")
 def status_cmd(run_dir) -> None:
     """Cases done and left, aborted units, the stage now, failure rows, and the command that resumes

@@ -8,12 +8,13 @@ import click
 
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
 from ..spec.study import StudySpec
 from .common import Run, load_spec, spec_options
 from .forecast import calibrate, corpus_vocab, dry_run_option, plan_study
 
 
-@click.group("study")
+@click.group("study", short_help=SHORT_HELP["study"])
 def study_group() -> None:
     """Studies across a grid of shapes: `study depth`, the papers' depth study."""
 

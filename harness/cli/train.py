@@ -18,6 +18,7 @@ import click
 
 from routers.errors import ConfigError
 
+from . import SHORT_HELP
 from ..spec import TrainSpec
 from .common import Run, load_spec, spec_options
 from .forecast import calibrate, corpus_vocab, dry_run_option, plan_train
@@ -79,7 +80,7 @@ def pilot_target(trainer, pilot, run: Run) -> float:
     return answer
 
 
-@click.command("train")
+@click.command("train", short_help=SHORT_HELP["train"])
 @spec_options(TrainSpec)
 @dry_run_option
 def train_cmd(config, dry_run, **cli) -> None:

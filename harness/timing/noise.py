@@ -78,6 +78,33 @@ def _pressure_us() -> float | None:
     return None
 
 
+def busy_warning(text: str | None = None, threshold: float = THRESHOLDS["cpu_pressure_max"]) -> str | None:
+    """One line to print at the start of a measuring command when the machine is already busy:
+    the share of the last 10 s in which some runnable task waited for a CPU (``/proc/pressure/cpu``,
+    "some", ``avg10``, in percent there) exceeds ``threshold`` (the noisy-group threshold
+    ``cpu_pressure_max``, a ratio).
+
+    Args:
+        text: the contents of ``/proc/pressure/cpu`` (read from :data:`PRESSURE_FILE` when None).
+        threshold: the ratio above which to warn.
+
+    Returns:
+        the warning, or None when the machine is quiet or the file is absent or unreadable
+        (Linux < 4.20, PSI off).
+    """
+    try:
+        text = PRESSURE_FILE.read_text() if text is None else text
+        some = next(line for line in text.splitlines() if line.startswith("some"))
+        avg10 = float(dict(f.split("=") for f in some.split()[1:])["avg10"]) / 100.0
+    except (OSError, StopIteration, KeyError, ValueError):
+        return None
+    if avg10 <= threshold:
+        return None
+    return (f"warning: this machine is busy before the start: a task waited for a CPU {avg10:.0%} of the "
+            f"last 10 s (/proc/pressure/cpu avg10, noisy above {threshold:.0%}); expect noisy groups, "
+            "re-timing and wide CIs, or run when nothing else does")
+
+
 @dataclass
 class Probe:
     """Machine-level readings over one timed stretch; use as a context manager.
