@@ -180,8 +180,8 @@ def write_diagnostics(run_dir: Path | str, out_dir: Path | str | None = None, ba
         batches: fixed validation batches per run (the run's batch size and sequence length).
         data: the corpus dir, when the one the run's manifest records is not on this machine.
         device: where the models run (``cpu`` default).
-        note: receives one line per run skipped: without a checkpoint, or in progress (its
-            checkpoints replaced while being read; :func:`harness.training.diagnose.read_checkpoint`).
+        note: receives one line per run skipped (without a checkpoint, or in progress) and per run
+            read from a resume checkpoint, naming its step (:func:`harness.training.diagnose.diagnose_run_dir`).
 
     Returns:
         the paths written.
@@ -190,9 +190,9 @@ def write_diagnostics(run_dir: Path | str, out_dir: Path | str | None = None, ba
         ConfigError: no training runs, no checkpoint, every run in progress, an unreadable corpus
             or checkpoint (one line naming ``RUN_DIR`` or the option).
     """
-    skipped: list[str] = []
-    results = diagnose_run_dir(run_dir, batches, data, device, skipped)
+    notes: list[str] = []
+    results = diagnose_run_dir(run_dir, batches, data, device, notes)
     if note is not None:
-        for line in skipped:
+        for line in notes:
             note(line)
     return write_frames(frames(results), Path(out_dir) if out_dir else Path(run_dir) / "diagnose")

@@ -206,7 +206,8 @@ def runs_sentence(runs: Any) -> str:
 
 def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str,
          tolerance: float = 0.25) -> str:
-    """``+36 % eager [CI 29 to 41 %]``; the number is always given, flagged ``(imprecise: CI wider
+    """``+36 % eager [CI 29 to 41 %]`` (``[CI −58 to +97 %]`` when the interval spans no change);
+    the number is always given, flagged ``(imprecise: CI wider
     than 25 % of the ratio)`` when its interval is wide, ``(no CI: fewer than 5 pairs)`` when it
     has none, and ``(noisy group)`` when it was timed on a busy machine; ``""`` without a ratio."""
     if ratio != ratio:
@@ -220,7 +221,7 @@ def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str,
         text = f"{pct(ratio)} % {label}"
         flags.append("no CI: fewer than 5 pairs")
     else:
-        text = f"{pct(ratio)} % {label} [CI {pct(lo, '')} to {pct(hi, '')} %]"
+        text = f"{pct(ratio)} % {label} [CI {pct(lo, '')} to {pct(hi, '+' if lo < 1 <= hi else '')} %]"
         if (hi - lo) / ratio > tolerance:
             flags.append(f"imprecise: CI wider than {tolerance:.0%} of the ratio")
     if isinstance(noisy, str) and noisy:

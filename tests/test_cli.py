@@ -142,3 +142,22 @@ def test_top_level_help_loads_no_heavy_library():
     for name in ("compare", "diagnose", "train", "summary"):
         assert f"  {name} " in out
     assert invoke("list").exit_code == 0
+
+
+def test_a_malformed_fault_hook_value_or_a_mistyped_command_is_one_line(monkeypatch, tmp_path):
+    """ROUTERBENCH_FAULT is checked before any command works: a bad entry is one line naming it,
+    exit 2, whatever the command; a mistyped command is offered the closest names."""
+    for value, says in [("checkpoint_replaced:train|*", "checkpoint_replaced needs its count of reads"),
+                        ("checkpoint_replaced=0:train|*", "checkpoint_replaced=N:GLOB with N > 0"),
+                        ("checkpoint_replace=2:train|*", "KIND one of"),
+                        ("slow:x", "slow needs its delay, slow=MS:GLOB")]:
+        monkeypatch.setenv("ROUTERBENCH_FAULT", value)
+        res = CliRunner().invoke(main, ["status", str(tmp_path)])
+        assert res.exit_code == 2, res.output
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("routerbench: error: ROUTERBENCH_FAULT: ")
+        assert says in res.stderr and "Traceback" not in res.output
+    monkeypatch.delenv("ROUTERBENCH_FAULT")
+    res = CliRunner().invoke(main, ["trian"])
+    assert res.exit_code == 2 and "No such command 'trian'. Did you mean 'train'?" in res.stderr
+    res = CliRunner().invoke(main, ["xyzzy"])
+    assert res.exit_code == 2 and "Did you mean" not in res.stderr

@@ -185,7 +185,10 @@ def test_a_checkpoint_replaced_while_read_is_read_at_its_newer_step(run_dir, tmp
     out = tmp_path / "out"
     res = invoke("diagnose", d, "--out", out, "--batches", BATCHES)
     assert res.exit_code == 0, res.output
-    assert "Traceback" not in res.output and res.stderr == ""
+    assert "Traceback" not in res.output
+    assert sorted(res.stderr.splitlines()) == [  # each run says the step it was read at
+        f"diagnose: {name}-seed0: read at step {step}, from its resume checkpoint (the run has not finished: "
+        "in progress or stopped)" for name, step in (("block_attnres", 0), ("haares", 1), ("prenorm", 0))]
     rms = pd.read_csv(out / "hidden_rms.csv")
     steps = rms.groupby("router")["step"].unique().map(list).to_dict()
     assert steps == {"block_attnres": [0], "haares": [1], "prenorm": [0]}
@@ -203,8 +206,8 @@ def test_a_run_whose_checkpoint_outlasts_the_retries_is_one_line(run_dir, tmp_pa
     monkeypatch.setenv("ROUTERBENCH_FAULT", f"checkpoint_replaced={strikes}:train|haares|*")
     res = invoke("diagnose", d, "--out", tmp_path / "some", "--batches", BATCHES)
     assert res.exit_code == 0, res.output
-    assert res.stderr.splitlines() == [
-        "diagnose: haares-seed0: in progress (its checkpoint was replaced while being read), skipped"]
+    assert "diagnose: haares-seed0: in progress (its checkpoint was replaced while being read), skipped" \
+        in res.stderr.splitlines() and res.stderr.count("\n") == 3  # and two runs read at step 0
     assert set(pd.read_csv(tmp_path / "some" / "hidden_rms.csv")["router"]) == {"prenorm", "block_attnres"}
 
     d = _copy(run_dir, tmp_path, "all")
@@ -224,3 +227,24 @@ def test_a_run_whose_checkpoint_outlasts_the_retries_is_one_line(run_dir, tmp_pa
     res = invoke("diagnose", one, "--batches", BATCHES)
     assert res.exit_code == 2 and res.stderr.count("\n") == 1
     assert f"run prenorm-seed0 is in progress: its checkpoint was replaced {strikes} times" in res.stderr
+
+
+def test_runs_with_a_checkpoint_but_no_committed_evaluation_are_said(run_dir, tmp_path):
+    """A run whose first evaluation is checkpointed but not yet committed has no rows: diagnose
+    says so (one note line beside the runs it reads; exit 2 and one line when no run has rows)."""
+    d = _copy(run_dir, tmp_path, "early")
+    src = next((d / "checkpoints").glob("*/step-00000000.pt"))
+    (d / "checkpoints" / "0123456789abcdef").mkdir()
+    shutil.copy(src, d / "checkpoints" / "0123456789abcdef" / "step-00000005.pt")
+    res = invoke("diagnose", d, "--out", tmp_path / "o", "--batches", BATCHES)
+    assert res.exit_code == 0, res.output
+    assert ("diagnose: 1 more run(s) have a checkpoint but no evaluation committed yet (in progress), skipped"
+            in res.stderr.splitlines())
+    (d / "records.jsonl").unlink()
+    res = invoke("diagnose", d, "--batches", BATCHES)
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.output
+    assert f"RUN_DIR: {d} is in progress: 4 training run(s) have a checkpoint but no evaluation committed yet" \
+        in res.stderr
+    shutil.rmtree(d / "checkpoints")
+    res = invoke("diagnose", d)
+    assert res.exit_code == 2 and "holds no training runs (it has no records.jsonl)" in res.stderr

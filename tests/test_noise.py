@@ -208,7 +208,7 @@ def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
     r = row.eager_ratio, row.eager_lo, row.eager_hi
     pct = [f"{(x - 1) * 100:.0f}".replace("-", "\u2212") for x in r]
     assert said == [f"haares naive over prenorm at d=32, 2 layers, T=8, B=2, fwd_bwd: "
-                    f"{'+' if r[0] >= 1 else ''}{pct[0]} % eager [CI {pct[1]} to {pct[2]} %] "
+                    f"{'+' if r[0] >= 1 else ''}{pct[0]} % eager [CI {pct[1]} to {'+' if r[1] < 1 <= r[2] else ''}{pct[2]} %] "
                     "(imprecise: CI wider than 25% of the ratio)."]
     d2 = tmp_path / "two"
     with RunWriter(d2, "r", "s", base={"device": "cpu"}) as w:

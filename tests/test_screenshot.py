@@ -47,10 +47,12 @@ window.addEventListener('load', () => {
   const tall = [...document.querySelectorAll('tbody tr')].filter(r => r.getBoundingClientRect().height > 40)
     .map(r => r.textContent.slice(0, 120));
   const scale = [...document.querySelectorAll('img')].map(i => i.getBoundingClientRect().width / i.naturalWidth);
+  const first = document.querySelector('.wide');  // the summary's table: the first screen
+  const first_scrolls = first ? first.scrollWidth > first.clientWidth + 1 : null;
   const out = document.createElement('pre');
   out.id = 'layout';
   out.textContent = JSON.stringify({vw, cut, max_row: Math.max(0, ...rows), max_head: Math.max(0, ...heads), tall, min_scale: Math.min(1, ...scale),
-                                    imgs: scale.length, height: document.documentElement.scrollHeight});
+                                    imgs: scale.length, height: document.documentElement.scrollHeight, first_scrolls});
   document.body.appendChild(out);
 });
 </script>"""
@@ -82,7 +84,7 @@ def _noisy_wide_run(d: Path) -> Path:
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium on PATH (Debian: apt install chromium)")
 def test_a_busy_machines_report_fits_the_page_in_chromium(tmp_path):
     """At 1280 px: no text, table or figure cut at the right (wide tables scroll in their own
-    box), no table row taller than two lines (a header five) (the ``noisy`` column is compact), figures not
+    box, the summary's needs none), no table row taller than two lines (a header five) (the ``noisy`` column is compact), figures not
     scaled below 90 % of their pixels, and the noisy reasons still in full in paired.csv."""
     import json
     out = build_report([_noisy_wide_run(tmp_path / "run")], tmp_path / "report")
@@ -96,6 +98,7 @@ def test_a_busy_machines_report_fits_the_page_in_chromium(tmp_path):
     assert '<pre id="layout">' in dom, res.stderr[-2000:]
     m = json.loads(dom.split('<pre id="layout">', 1)[1].split("</pre>", 1)[0].replace("&quot;", '"'))
     assert m["cut"] == [] and m["vw"] <= 1280
+    assert m["first_scrolls"] is False, m  # the summary's table fits the page: no scrolling on the first screen
     assert m["imgs"] >= 3 and m["min_scale"] >= 0.9, m
     assert m["max_row"] <= 40 and m["max_head"] <= 110, m  # px: 2 lines a row, 5 a header
     csv = (tmp_path / "report" / "paired.csv").read_text(encoding="utf-8")

@@ -89,7 +89,21 @@ class _Group(click.Group):
             click.echo("routerbench: aborted", err=True)
             sys.exit(130)
 
+    def resolve_command(self, ctx, args):
+        """Click's lookup, with the closest command names offered for a mistyped one."""
+        if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+            import difflib
+            close = difflib.get_close_matches(args[0], COMMANDS, n=2)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {args[0]!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx):
+        from harness.rundir import faults
+        try:
+            faults.parse(os.environ.get(faults.ENV))  # the test hook's value, checked before any work
+        except ValueError as exc:
+            _fail(str(exc))
         try:
             return super().invoke(ctx)
         except ConfigError as exc:

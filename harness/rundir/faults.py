@@ -68,6 +68,11 @@ KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "ki
          "kill_after_commit", "slow", "jitter", "checkpoint_replaced")
 
 
+#: The kinds that need their argument: kind -> (what it is, its placeholder).
+NEEDS_ARG = {"slow": ("its delay", "MS"), "jitter": ("its delay", "MS"), "kill_in_unit": ("its row count", "N"),
+             "checkpoint_replaced": ("its count of reads", "N")}
+
+
 def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
     """``[(kind, glob, argument), …]`` of a ``ROUTERBENCH_FAULT`` value (``KIND[=N]:GLOB``).
 
@@ -83,8 +88,9 @@ def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
         kind, eq, arg = kind.partition("=")
         if not sep or kind not in KINDS or (eq and not arg.isdigit()):
             raise ValueError(f"{ENV}: entry {entry!r} must be KIND[=N]:GLOB with KIND one of {', '.join(KINDS)}")
-        if kind in ("slow", "jitter", "kill_in_unit", "checkpoint_replaced") and not (eq and int(arg) > 0):
-            raise ValueError(f"{ENV}: entry {entry!r}: {kind} needs its delay, {kind}=MS:GLOB with MS > 0")
+        if kind in NEEDS_ARG and not (eq and int(arg) > 0):
+            what, n = NEEDS_ARG[kind]
+            raise ValueError(f"{ENV}: entry {entry!r}: {kind} needs {what}, {kind}={n}:GLOB with {n} > 0")
         out.append((kind, glob, int(arg) if eq else None))
     return out
 

@@ -84,19 +84,21 @@ def _decoder_config(key: str) -> DecoderConfig:
                           f"({exc})") from None
 
 
-def find_trained_runs(run_dir: Path | str, skipped: list[str] | None = None) -> list[TrainedRun]:
+def find_trained_runs(run_dir: Path | str, notes: list[str] | None = None) -> list[TrainedRun]:
     """The training runs of ``run_dir`` (rows of mode ``train`` or ``pilot``) that have a checkpoint.
 
     Args:
         run_dir: a run directory of ``routerbench train`` (or of ``run`` with a smoke race).
-        skipped: when a list, one line per run without a checkpoint is appended to it.
+        notes: when a list, one line per run without a checkpoint is appended to it, and one for
+            the runs whose checkpoint has no committed evaluation yet (a run in progress).
 
     Returns:
         one :class:`TrainedRun` per run with a checkpoint, in records order.
 
     Raises:
         ConfigError: ``run_dir`` is not a directory, holds no training runs, or none of them has a
-            checkpoint (one line naming ``run_dir``).
+            checkpoint (one line naming ``run_dir``); :class:`RunInProgress` when it holds
+            checkpoints but no evaluation committed yet.
     """
     d = Path(run_dir)
     if not d.is_dir():
@@ -106,9 +108,18 @@ def find_trained_runs(run_dir: Path | str, skipped: list[str] | None = None) -> 
         key = r.get("case_key") or ""
         if r.get("mode") in TRAIN_MODES and key.startswith(f"{r['mode']}|"):
             first.setdefault(key, r)
+    known = {checkpoint_dir(d, key).name for key in first}
+    early = [p for p in sorted((d / CHECKPOINT_DIR).glob("*")) if p.name not in known and newest_checkpoint(p)]
+    if not first and early:
+        raise RunInProgress(f"RUN_DIR: {d} is in progress: {len(early)} training run(s) have a checkpoint but "
+                            "no evaluation committed yet; diagnose again after their first evaluation")
     if not first:
-        raise ConfigError(f"RUN_DIR: {d} holds no training runs (no rows of mode train, pilot or study in "
-                          f"its {RECORDS_FILE}); give the run dir of `routerbench train`")
+        what = f"no rows of mode train, pilot or study in its {RECORDS_FILE}" if (d / RECORDS_FILE).exists() \
+            else f"it has no {RECORDS_FILE}"
+        raise ConfigError(f"RUN_DIR: {d} holds no training runs ({what}); give the run dir of `routerbench train`")
+    if early and notes is not None:
+        notes.append(f"{len(early)} more run(s) have a checkpoint but no evaluation committed yet "
+                     "(in progress), skipped")
     depths = {r.get("n_layers") for r in first.values()}
     labels = {k: f"{r['router']}" + (f"-L{r['n_layers']}" if len(depths) > 1 else "") + f"-seed{r['seed']}"
               + ("-pilot" if r["mode"] == "pilot" else "") for k, r in first.items()}
@@ -118,8 +129,8 @@ def find_trained_runs(run_dir: Path | str, skipped: list[str] | None = None) -> 
         label = labels[key] + (f"-{hashlib.sha1(key.encode()).hexdigest()[:6]}" if counts[labels[key]] > 1 else "")
         found = newest_checkpoint(checkpoint_dir(d, key))
         if found is None:
-            if skipped is not None:
-                skipped.append(f"{label}: no checkpoint, skipped")
+            if notes is not None:
+                notes.append(f"{label}: no checkpoint, skipped")
             continue
         step, path = found
         cfg = _decoder_config(key)
@@ -313,7 +324,7 @@ def diagnose_model(model: Decoder, batches: list, device: torch.device | str = "
 
 def diagnose_run_dir(run_dir: Path | str, batches: int = 4, data: str | Path | None = None,
                      device: torch.device | str = "cpu",
-                     skipped: list[str] | None = None) -> list[tuple[TrainedRun, dict[str, list[dict]]]]:
+                     notes: list[str] | None = None) -> list[tuple[TrainedRun, dict[str, list[dict]]]]:
     """:func:`diagnose_model` for every training run of ``run_dir`` with a checkpoint.
 
     Args:
@@ -321,8 +332,9 @@ def diagnose_run_dir(run_dir: Path | str, batches: int = 4, data: str | Path | N
         batches: fixed validation batches per run (of the run's batch size and sequence length).
         data: the corpus dir, when the one the manifest records is not here.
         device: where the models run.
-        skipped: receives one line per run skipped: without a checkpoint, or in progress (its
-            checkpoints replaced while being read, :func:`read_checkpoint`).
+        notes: receives one line per run skipped (without a checkpoint, or in progress: its
+            checkpoints replaced while being read, :func:`read_checkpoint`) and per run read from
+            a resume checkpoint (``step-N.pt``: the run has not finished), naming its step.
 
     Returns:
         ``[(run, diagnosis), …]``, one per run, in records order (a run read from a newer
@@ -336,14 +348,17 @@ def diagnose_run_dir(run_dir: Path | str, batches: int = 4, data: str | Path | N
         raise ConfigError(f"--batches must be >= 1, got {batches}")
     out, corpora = [], {}
     in_progress: list[RunInProgress] = []
-    for run in find_trained_runs(run_dir, skipped):
+    notes = [] if notes is None else notes
+    for run in find_trained_runs(run_dir, notes):
         try:
             run, state = read_checkpoint(run)
         except RunInProgress as exc:
             in_progress.append(exc)
-            if skipped is not None:
-                skipped.append(f"{run.label}: in progress (its checkpoint was replaced while being read), skipped")
+            notes.append(f"{run.label}: in progress (its checkpoint was replaced while being read), skipped")
             continue
+        if not state.get("final"):
+            notes.append(f"{run.label}: read at step {run.step}, from its resume checkpoint (the run has "
+                         "not finished: in progress or stopped)")
         sha = run.key.rsplit("|", 1)[-1]
         if sha not in corpora:
             corpora[sha] = run_corpus(run_dir, run, data)
