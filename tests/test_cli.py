@@ -50,6 +50,9 @@ def test_run_end_to_end_and_resume(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert "resuming" in res.output and "cost sweep: 8 resumed" in res.output
     assert res.stderr.count("warning: this machine is busy") == 1 and "CPU 52% of the last 10 s" in res.stderr
+    import json
+    sessions = json.loads((run_dir / "manifest.json").read_text())["sessions"]
+    assert len(sessions) == 2 and sessions[1]["cpu_pressure_start"] == pytest.approx(0.52)
     assert len(pd.DataFrame(load_rows([run_dir])).query("metric == 'step_time'")) == len(st)
     lines = read_jsonl(run_dir / "records.jsonl")
     assert len(lines) == n_lines and END in lines[-1]  # nothing appended, still ends in a marker

@@ -171,8 +171,9 @@ def test_compile_grows_with_depth_and_a_warm_cache_is_the_low_end():
 
 # --- calibration ------------------------------------------------------------------------------
 
-def _manifest(root, run_id, command, estimate, actual=None, resumed=False):
-    session = {"plan": {"uncalibrated_s": estimate, "estimate_s": estimate, "resumed": resumed}}
+def _manifest(root, run_id, command, estimate, actual=None, resumed=False, pressure=None):
+    session = {"plan": {"uncalibrated_s": estimate, "estimate_s": estimate, "resumed": resumed},
+               "cpu_pressure_start": pressure}
     if actual is not None:
         session["actual_s"] = actual
     d = root / run_id
@@ -194,6 +195,24 @@ def test_calibration_is_the_median_ratio_of_earlier_runs(tmp_path):
     assert other["runs"] == 3 and other["factor"] == pytest.approx(1.5)
     assert fc.calibration([], "run") is None
     assert fc.describe_calibration(None) == "uncalibrated: documented constants"
+
+
+def test_runs_begun_on_a_busy_machine_do_not_calibrate(tmp_path):
+    """A run whose first session began above cpu_pressure_max (its manifest's
+    cpu_pressure_start) says more of the load than of the work: it is left out, and counted."""
+    _manifest(tmp_path, "quiet", "run", [10, 40], actual=30, pressure=0.05)   # x1.5
+    _manifest(tmp_path, "busy", "run", [10, 40], actual=130, pressure=0.52)   # x6.5, left out
+    _manifest(tmp_path, "edge", "run", [100, 400], actual=200, pressure=0.20)  # at the threshold: x1.0
+    cal = fc.calibration(fc.read_manifests(tmp_path), "run")
+    assert sorted(cal["run_ids"]) == ["edge", "quiet"] and cal["factor"] == pytest.approx(1.25)
+    assert fc.describe_calibration(cal) == ("calibrated on 2 earlier runs on this device: ×1.25; "
+                                            "1 begun on a busy machine left out")
+    only = tmp_path / "only"
+    only.mkdir()
+    _manifest(only, "busy", "train", [10, 40], actual=130, pressure=0.9)
+    cal = fc.calibration(fc.read_manifests(only), "run")
+    assert cal["factor"] == 1.0 and cal["runs"] == 0
+    assert fc.describe_calibration(cal) == "uncalibrated: documented constants; 1 begun on a busy machine left out"
 
 
 def test_the_plan_scales_by_the_calibration_of_this_device(no_model):

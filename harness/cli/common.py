@@ -191,11 +191,15 @@ class Run:
             click.echo(busy, err=True)
 
     def manifest(self, extra: dict[str, Any]) -> None:
-        """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun."""
+        """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun. Each session
+        records ``cpu_pressure_start``, the machine's CPU pressure as it began (a ratio, None
+        without PSI), which later plans read to leave busy runs out of their calibration."""
         if not isinstance(self.writer, RunWriter):
             return
+        from harness.timing.noise import pressure_avg10
         write_manifest(self.dir, self.device, {"run_id": self.run_id, "command": self.command,
-                                               "spec": SPEC_FILE, **extra})
+                                               "spec": SPEC_FILE, "cpu_pressure_start": pressure_avg10(),
+                                               **extra})
 
     def finish(self, started: float) -> None:
         """Write the command's wall time since ``started`` (``time.perf_counter``) beside its plan:

@@ -239,13 +239,24 @@ def read_manifests(device_dir: Path) -> list[dict]:
     return out
 
 
+def busy_start(manifest: dict) -> bool:
+    """Whether an earlier run began on a busy machine: its first session's ``cpu_pressure_start``
+    above the noisy-group threshold ``cpu_pressure_max`` (:mod:`harness.timing.noise`)."""
+    from harness.timing.noise import THRESHOLDS
+    sessions = manifest.get("sessions") or [manifest]
+    p = sessions[0].get("cpu_pressure_start") if isinstance(sessions[0], dict) else None
+    return isinstance(p, (int, float)) and p > THRESHOLDS["cpu_pressure_max"]
+
+
 def ratio_of(manifest: dict) -> float | None:
     """actual / estimate of one earlier run: its first session's ``actual_s`` over the geometric
-    mean of its uncalibrated estimate; None when it has none, was resumed or interrupted."""
+    mean of its uncalibrated estimate; None when it has none, was resumed or interrupted, or began
+    on a busy machine (:func:`busy_start`: its time says more of the load than of the work)."""
     sessions = manifest.get("sessions") or [manifest]
     first = sessions[0] if isinstance(sessions[0], dict) else {}
     plan, actual = first.get("plan"), first.get("actual_s")
-    if not isinstance(plan, dict) or not isinstance(actual, (int, float)) or plan.get("resumed"):
+    if not isinstance(plan, dict) or not isinstance(actual, (int, float)) or plan.get("resumed") \
+            or busy_start(manifest):
         return None
     raw = plan.get("uncalibrated_s") or plan.get("estimate_s")
     try:
@@ -258,24 +269,30 @@ def ratio_of(manifest: dict) -> float | None:
 def calibration(manifests: Iterable[dict], command: str) -> dict | None:
     """The factor every constant is scaled by: the median ratio (:func:`ratio_of`) of the earlier
     runs of ``command``, else of every command; None when no earlier run has a plan and an actual
-    time. Returns ``{"factor", "runs", "command", "run_ids"}``."""
+    time; runs begun on a busy machine are left out (``busy`` counts them; with none left the
+    factor is 1). Returns ``{"factor", "runs", "command", "run_ids", "busy"}``."""
+    manifests = list(manifests)
+    busy = sum(busy_start(m) for m in manifests)
     found = [(m.get("command"), m.get("run_id"), ratio_of(m)) for m in manifests]
     found = [f for f in found if f[2] is not None]
     same = [f for f in found if f[0] == command]
     use = same or found
     if not use:
-        return None
+        return {"factor": 1.0, "runs": 0, "command": command, "run_ids": [], "busy": busy} if busy else None
     return {"factor": statistics.median(f[2] for f in use), "runs": len(use),
-            "command": command if same else "any", "run_ids": [f[1] for f in use]}
+            "command": command if same else "any", "run_ids": [f[1] for f in use], "busy": busy}
 
 
 def describe_calibration(cal: dict | None) -> str:
     """``calibrated on 3 earlier runs on this device: ×1.4`` or ``uncalibrated: documented constants``."""
     if not cal:
         return "uncalibrated: documented constants"
+    left = f"; {cal['busy']} begun on a busy machine left out" if cal.get("busy") else ""
+    if not cal["runs"]:
+        return f"uncalibrated: documented constants{left}"
     which = "" if cal["command"] != "any" else " (of other commands)"
     return (f"calibrated on {cal['runs']} earlier run{'s' * (cal['runs'] != 1)}{which} on this device: "
-            f"×{cal['factor']:.3g}")
+            f"×{cal['factor']:.3g}{left}")
 
 
 def fmt_span(span: Span) -> str:

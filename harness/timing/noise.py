@@ -78,27 +78,37 @@ def _pressure_us() -> float | None:
     return None
 
 
+def pressure_avg10(text: str | None = None) -> float | None:
+    """The share (a ratio) of the last 10 s in which some runnable task waited for a CPU:
+    ``/proc/pressure/cpu``'s "some avg10" (a percentage there) over 100.
+
+    Args:
+        text: the contents of ``/proc/pressure/cpu`` (read from :data:`PRESSURE_FILE` when None).
+
+    Returns:
+        the ratio, or None when the file is absent or unreadable (Linux < 4.20, PSI off).
+    """
+    try:
+        text = PRESSURE_FILE.read_text() if text is None else text
+        some = next(line for line in text.splitlines() if line.startswith("some"))
+        return float(dict(f.split("=") for f in some.split()[1:])["avg10"]) / 100.0
+    except (OSError, StopIteration, KeyError, ValueError):
+        return None
+
+
 def busy_warning(text: str | None = None, threshold: float = THRESHOLDS["cpu_pressure_max"]) -> str | None:
     """One line to print at the start of a measuring command when the machine is already busy:
-    the share of the last 10 s in which some runnable task waited for a CPU (``/proc/pressure/cpu``,
-    "some", ``avg10``, in percent there) exceeds ``threshold`` (the noisy-group threshold
-    ``cpu_pressure_max``, a ratio).
+    :func:`pressure_avg10` exceeds ``threshold`` (the noisy-group threshold ``cpu_pressure_max``).
 
     Args:
         text: the contents of ``/proc/pressure/cpu`` (read from :data:`PRESSURE_FILE` when None).
         threshold: the ratio above which to warn.
 
     Returns:
-        the warning, or None when the machine is quiet or the file is absent or unreadable
-        (Linux < 4.20, PSI off).
+        the warning, or None when the machine is quiet or the reading is unavailable.
     """
-    try:
-        text = PRESSURE_FILE.read_text() if text is None else text
-        some = next(line for line in text.splitlines() if line.startswith("some"))
-        avg10 = float(dict(f.split("=") for f in some.split()[1:])["avg10"]) / 100.0
-    except (OSError, StopIteration, KeyError, ValueError):
-        return None
-    if avg10 <= threshold:
+    avg10 = pressure_avg10(text)
+    if avg10 is None or avg10 <= threshold:
         return None
     return (f"warning: this machine is busy before the start: a task waited for a CPU {avg10:.0%} of the "
             f"last 10 s (/proc/pressure/cpu avg10, noisy above {threshold:.0%}); expect noisy groups, "
