@@ -34,7 +34,7 @@ quiet() {
   return "$rc"
 }
 echo "setup: installing $TORCH_SPEC and routerbench into $VENV"
-"$py" -m pip install -q --upgrade pip
+quiet "$py" -m pip install -q --upgrade pip
 if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}' else 1)" 2>/dev/null; then
   quiet "$py" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
 fi

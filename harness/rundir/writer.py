@@ -264,8 +264,11 @@ class RunWriter:
         return Unit(self, f"{self.session}-{self._n_units:04d}", list(cases), kind)
 
     def close(self) -> None:
-        """Release the lock (also released by the kernel when the process dies)."""
+        """Remove ``pending/`` when no unit is left in it, and release the lock (also released
+        by the kernel when the process dies)."""
         if self._lock_fh is not None:
+            with contextlib.suppress(OSError):  # not empty: a unit left for the next writer to recover
+                (self.run_dir / PENDING_DIR).rmdir()
             self._lock_fh.close()
             self._lock_fh = None
 
