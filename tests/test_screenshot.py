@@ -103,6 +103,12 @@ def test_a_busy_machines_report_fits_the_page_in_chromium(tmp_path):
     assert m["max_row"] <= 40 and m["max_head"] <= 110, m  # px: 2 lines a row, 5 a header
     csv = (tmp_path / "report" / "paired.csv").read_text(encoding="utf-8")
     assert "cpu_pressure 0.830 > 0.2" in csv and "cpu_pressure .83" in page
+    import re  # every summary sentence of this all-noisy run gives its ratio and CI, flagged, none withheld
+    md = (tmp_path / "report" / "report.md").read_text(encoding="utf-8").split("## Warnings")[0]
+    said = [line for line in md.splitlines() if " over prenorm at " in line]
+    assert len(said) == 10, said
+    shape = re.compile(r": [+\u2212]\d+ % eager \[CI \u2212?\d+ to \+?\d+ %\].*\(noisy group\)\.$")
+    assert all(shape.search(line) for line in said), said
 
 
 def _png_dpi(path: Path) -> float:
