@@ -230,7 +230,11 @@ def test_the_plan_scales_by_the_calibration_of_this_device(no_model):
 # --- the manifest keeps the estimate beside the actual time -----------------------------------
 
 @pytest.mark.slow
-def test_manifest_holds_the_plan_and_the_actual_time(tmp_path):
+def test_manifest_holds_the_plan_and_the_actual_time(tmp_path, monkeypatch):
+    from harness.timing import noise  # a quiet start, whatever the machine: a busy one calibrates nothing
+    quiet = tmp_path / "pressure"
+    quiet.write_text("some avg10=1.00 avg60=1.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    monkeypatch.setattr(noise, "PRESSURE_FILE", quiet)
     args = ["run", *SMALL, "--backends", "eager", "--widths", "16", "--repeats", "2", "--max-attempts", "1",
             "--warmup-s", "0", "--no-report", "--quiet", "--out", tmp_path]
     res = invoke(*args, "--run-id", "r1")
@@ -242,6 +246,7 @@ def test_manifest_holds_the_plan_and_the_actual_time(tmp_path):
     assert plan["estimate_s"][0] <= plan["estimate_s"][1]
     assert set(plan["parts"]) == {"setup", "compile", "timing"} and plan["calibration"] is None
     assert m["actual_s"] > 0 and m["sessions"][0]["actual_s"] == m["actual_s"]
+    assert m["sessions"][0]["cpu_pressure_start"] == pytest.approx(0.01)
     res = invoke(*args, "--run-id", "r2")  # the next run calibrates on the first
     assert "calibrated on 1 earlier run on this device" in res.output
     m2 = json.loads(next(tmp_path.glob("*/r2/manifest.json")).read_text())
