@@ -22,7 +22,8 @@ BASELINE = "prenorm"
 
 #: Modules of ``routers`` that define no router (infrastructure, imported where needed).
 INFRA_MODULES = frozenset({"base", "errors", "registry", "mixer", "two_phase", "lean", "impls", "peers"})
-_loaded = False
+#: None (not loaded), "loading" (an import under way: a nested call returns at once) or "done".
+_state: str | None = None
 
 
 def load_routers() -> dict[str, type]:
@@ -33,13 +34,21 @@ def load_routers() -> dict[str, type]:
 
     Returns:
         :data:`ROUTERS`.
+
+    Raises:
+        ImportError: (or any error) a router module failed to import; the next call tries again.
     """
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if m.name not in INFRA_MODULES and not m.name.startswith("_"):
-                importlib.import_module(f"{__package__}.{m.name}")
+    global _state
+    if _state is None:
+        _state = "loading"
+        try:
+            for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
+                if m.name not in INFRA_MODULES and not m.name.startswith("_"):
+                    importlib.import_module(f"{__package__}.{m.name}")
+        except BaseException:
+            _state = None  # a module that failed to import fails every use, never a part registry
+            raise
+        _state = "done"
     return ROUTERS
 
 

@@ -68,7 +68,7 @@ KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "ki
          "kill_after_commit", "slow", "jitter", "checkpoint_replaced")
 
 
-#: The kinds that need their argument: kind -> (what it is, its placeholder).
+#: Kinds whose entry carries a number > 0: kind -> (what the number is, its name in messages).
 NEEDS_ARG = {"slow": ("its delay", "MS"), "jitter": ("its delay", "MS"), "kill_in_unit": ("its row count", "N"),
              "checkpoint_replaced": ("its count of reads", "N")}
 

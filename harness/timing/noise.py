@@ -67,15 +67,21 @@ def check_thresholds(values: Mapping[str, Any] | None, label: str = "--noise-thr
     return out
 
 
+def _psi_some(text: str | None = None) -> dict[str, float] | None:
+    """The fields of ``/proc/pressure/cpu``'s "some" line (``avg10``, ``avg60``, ``avg300`` in
+    percent, ``total`` in microseconds), from ``text`` or read from :data:`PRESSURE_FILE`; None
+    when the file is absent or unreadable (Linux < 4.20, PSI off)."""
+    try:
+        text = PRESSURE_FILE.read_text() if text is None else text
+        some = next(line for line in text.splitlines() if line.startswith("some"))
+        return {k: float(v) for k, v in (f.split("=") for f in some.split()[1:])}
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def _pressure_us() -> float | None:
     """Total microseconds some task waited for a CPU since boot, or None without PSI."""
-    try:
-        for line in PRESSURE_FILE.read_text().splitlines():
-            if line.startswith("some"):
-                return float(dict(f.split("=") for f in line.split()[1:])["total"])
-    except (OSError, KeyError, ValueError):
-        return None
-    return None
+    return (_psi_some() or {}).get("total")
 
 
 def pressure_avg10(text: str | None = None) -> float | None:
@@ -88,12 +94,8 @@ def pressure_avg10(text: str | None = None) -> float | None:
     Returns:
         the ratio, or None when the file is absent or unreadable (Linux < 4.20, PSI off).
     """
-    try:
-        text = PRESSURE_FILE.read_text() if text is None else text
-        some = next(line for line in text.splitlines() if line.startswith("some"))
-        return float(dict(f.split("=") for f in some.split()[1:])["avg10"]) / 100.0
-    except (OSError, StopIteration, KeyError, ValueError):
-        return None
+    avg10 = (_psi_some(text) or {}).get("avg10")
+    return None if avg10 is None else avg10 / 100.0
 
 
 def busy_warning(text: str | None = None, threshold: float = THRESHOLDS["cpu_pressure_max"]) -> str | None:
