@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from . import block_costs, block_regions, two_phase
+from . import block_costs, block_plan, block_regions, two_phase
 from .base import Router, Slot, block_layout
 from .errors import ConfigError
 from .mixer import EPS, depth_mix
@@ -68,6 +68,8 @@ class BlockAttnRes(block_regions.BlockRegions, block_costs.BlockCosts, Router):
     """
 
     impls = ("naive", "two_phase", "lean")
+    #: the naive schedule's state (the layer scope's regions rebuild it, ``region_unpack``)
+    naive_state = BlockState
     #: detail bases this router adds per block, in pool order ("phase", "split"); none for AttnRes.
     detail_kinds: tuple[str, ...] = ()
     #: Observation hook of the ``naive`` path (``harness.training.diagnose``); None (the default) costs one
@@ -101,6 +103,13 @@ class BlockAttnRes(block_regions.BlockRegions, block_costs.BlockCosts, Router):
         self.pseudo_query = nn.Parameter(torch.zeros(n_reads, d_model))
         self.key_gain = nn.Parameter(torch.ones(n_reads, d_model)) if key_norm_gain else None
         self.readout_details = False
+        self._build_plan()
+
+    def _build_plan(self) -> None:
+        """The static plan (``routers/block_plan.py``) and its buffers; called again by a subclass
+        once its options, which change the pools, are set."""
+        self.plan = block_plan.BlockPlan(self)
+        self.register_buffer("plan_codes", self.plan.codes, persistent=False)
         # c of each slot's update in each detail kind, for the layer scope's regions
         self.register_buffer("region_coefs", block_regions.coefficient_table(self), persistent=False)
 
@@ -116,8 +125,11 @@ class BlockAttnRes(block_regions.BlockRegions, block_costs.BlockCosts, Router):
     def _match(self, detail: Tensor, state: Tensor) -> Tensor:
         return detail
 
-    def _bias(self, read: int, kinds: tuple[int | None, ...]) -> Tensor | None:
-        return None
+    def _bias(self, read: int) -> Tensor | None:
+        """Logit bias (n,) of naive read ``read`` over its pool (``plan.read_kinds``), or None
+        when the pool holds no detail: a slice of ``plan_codes`` and one gather, no host data."""
+        codes = self.plan.read_codes[read]
+        return None if codes is None else block_plan.code_bias(self.detail_bias[read], self.plan_codes[codes])
 
     def _recorder(self, read: int, kinds: tuple[int | None, ...]) -> Callable[[Tensor], None] | None:
         """The ``recorder`` of :func:`depth_mix` for one read (None unless ``weight_recorder``)."""
@@ -125,10 +137,6 @@ class BlockAttnRes(block_regions.BlockRegions, block_costs.BlockCosts, Router):
         return None if rec is None else functools.partial(rec, read, kinds)
 
     # --- the contract -------------------------------------------------------------------------
-    def _completed_kinds(self, n_done: int, with_details: bool = True) -> tuple[int | None, ...]:
-        per_block = (None,) + (tuple(range(len(self.detail_kinds))) if with_details else ())
-        return per_block * n_done
-
     def init_state(self, embedding: Tensor) -> BlockState | two_phase.TwoPhaseState:
         if self.schedule == "two_phase":
             return two_phase.init_state(self, embedding)
@@ -138,14 +146,11 @@ class BlockAttnRes(block_regions.BlockRegions, block_costs.BlockCosts, Router):
         if self.schedule == "two_phase":
             return two_phase.read(self, state, slot)
         sources = (state.e,) + state.pool
-        kinds = (None,) + self._completed_kinds(slot.block - 1)
         if slot.pos >= 1:
             sources += (state.partial,)
-            kinds += (None,)
-            for j in self._partial_kinds(slot):
+            for j in self.plan.seen[slot.index]:
                 sources += (self._match(state.partial_details[j], state.partial),)
-                kinds += (j,)
-        return self._mix(sources, slot.index, kinds)
+        return self._mix(sources, slot.index)
 
     def write(self, state: BlockState, slot: Slot, update: Tensor) -> BlockState:
         coefs = self._coefficients(slot)
@@ -173,13 +178,14 @@ class BlockAttnRes(block_regions.BlockRegions, block_costs.BlockCosts, Router):
             sources = (state.e,) + state.pool
         else:
             sources = (state.e,) + state.pool[::per_block]
-        kinds = (None,) + self._completed_kinds(self.n_blocks, self.readout_details)
-        return self._mix(sources, 2 * self.n_layers, kinds)
+        return self._mix(sources, 2 * self.n_layers)
 
-    def _mix(self, sources: tuple[Tensor, ...], read: int, kinds: tuple[int | None, ...]) -> Tensor:
+    def _mix(self, sources: tuple[Tensor, ...], read: int) -> Tensor:
         """One naive-schedule read: ``depth_mix`` (ours, with the diagnose recorder) or the peer
-        kernel's mixer with the same arguments (``routers/impls.py``)."""
-        query, bias = self.pseudo_query[read], self._bias(read, kinds)
+        kernel's mixer with the same arguments (``routers/impls.py``); the pool's kinds are the
+        plan's (``plan.read_kinds[read]``)."""
+        kinds = self.plan.read_kinds[read]
+        query, bias = self.pseudo_query[read], self._bias(read)
         gain = None if self.key_gain is None else self.key_gain[read]
         if self.peer_mix is not None:
             return self.peer_mix(sources, query, bias, gain, EPS)

@@ -164,6 +164,17 @@ class Router(nn.Module, abc.ABC):
         """The region state before sublayer 0, from e (B, T, d). Default: :meth:`init_state`."""
         return self.init_state(embedding)
 
+    def region_pack(self, state: Any) -> Any:
+        """The region state as it crosses a compiled region's boundary: tensors, None and plain
+        tuples only (some torch versions' Dynamo rebuild a NamedTuple output with fields
+        missing). Default: ``state``; a router whose region state is a NamedTuple returns
+        ``tuple(state)`` and rebuilds it in :meth:`region_unpack`."""
+        return state
+
+    def region_unpack(self, state: Any) -> Any:
+        """The inverse of :meth:`region_pack`. Default: ``state``."""
+        return state
+
     def region_begin(self, state: Any) -> Any:
         """The region state after the init region, outside any region (eager: a layout whose
         tensors must be distinct objects is made here). Default: ``state``."""

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import lean, two_phase
+from . import block_plan, lean, two_phase
 from .base import Slot
 from .mixer import depth_mix, softmax_dtype
 
@@ -42,7 +42,7 @@ class PaddedState(NamedTuple):
     Attributes:
         values: ``1 + N(1+K)`` sources, newest first: ``C_b, D̃_b…, …, C_1, D̃_1…, e``, then pads.
         inv_rms: their inverse RMS (B, T) in the softmax dtype (0 for a pad).
-        valid: (``1 + N(1+K)``,) 1 for a source, 0 for a pad, in the softmax dtype.
+        valid: (``1 + N(1+K)``,) bool, True for a source, False for a pad.
         partial, partial_details: P and the raw running details of the current block.
         block_out, block_max, block_sum: phase 1 of the current block, as
             :class:`routers.two_phase.TwoPhaseState`.
@@ -87,18 +87,23 @@ def slot_role(r, slot: Slot) -> tuple:
 
 
 def slot_params(r, state, slot: Slot) -> tuple:
-    """(query (d,), detail-bias row (K,) or None, coefficients (K,), *schedule's own)."""
+    """(query (d,), key gain (d,) or None, detail-bias row (K,) or None, coefficients (K,),
+    *schedule's own): naive adds its pool's kind codes (or None); two_phase the rows of phase 1's
+    outputs at the slot's position and, at a block end, the next block's queries and bias rows.
+    Ints and slices of the static plan only: no host data."""
     k = slot.index
-    q = two_phase.queries(r, [k])[0] if r.schedule == "two_phase" or r.key_gain is None else r.pseudo_query[k]
-    gain = r.key_gain[k] if r.key_gain is not None and r.schedule != "two_phase" else None
+    two = r.schedule == "two_phase"
+    q = two_phase.queries(r, k) if two or r.key_gain is None else r.pseudo_query[k]
+    gain = r.key_gain[k] if r.key_gain is not None and not two else None
     bias = r.detail_bias[k] if r.detail_kinds else None
     coefs = r.region_coefs[k].to((state.values[0] if isinstance(state, PaddedState) else state.e).dtype)
-    if r.schedule != "two_phase":
-        return q, gain, bias, coefs
+    if not two:
+        codes = r.plan.read_codes[k]
+        return q, gain, bias, coefs, None if codes is None else r.plan_codes[codes]
     rows = (state.block_out[slot.pos], state.block_max[slot.pos], state.block_sum[slot.pos])
     if slot.last_in_block and slot.index < len(r.slots) - 1:
-        reads = [s.index for s in r.slots if s.block == slot.block + 1]
-        nxt = (two_phase.queries(r, reads), r.detail_bias[reads] if r.detail_kinds else None)
+        nxt_rows = r.plan.rows[slot.block + 1]
+        nxt = (two_phase.queries(r, nxt_rows), r.detail_bias[nxt_rows] if r.detail_kinds else None)
     else:
         nxt = (None, None)
     return (q, None, bias, coefs, *rows, *nxt)
@@ -115,21 +120,15 @@ def _updated(state, update: Tensor, coefs: Tensor, start: bool) -> tuple[Tensor,
 # --- naive: tuple-based, the reference's ops ------------------------------------------------------
 
 def naive_read(r, state, role_: tuple, p: tuple) -> Tensor:
-    """:meth:`BlockAttnRes.read` with the slot's query, gain and bias row as tensors."""
-    _, _, start, _, _, seen, block = role_
-    q, gain, bias_row, _ = p
+    """:meth:`BlockAttnRes.read` with the slot's query, gain, bias row and kind codes as tensors."""
+    _, _, start, _, _, seen, _ = role_
+    q, gain, bias_row, _, codes = p
     sources = (state.e,) + state.pool
-    kinds = (None,) + r._completed_kinds(block - 1)
     if not start:
         sources += (state.partial,)
-        kinds += (None,)
         for j in seen:
             sources += (r._match(state.partial_details[j], state.partial),)
-            kinds += (j,)
-    bias = None
-    if bias_row is not None and any(k is not None for k in kinds):
-        table = torch.cat((bias_row.new_zeros(1), bias_row))
-        bias = table[[0 if k is None else k + 1 for k in kinds]]
+    bias = None if bias_row is None or codes is None else block_plan.code_bias(bias_row, codes)
     return depth_mix(sources, q, bias, gain)
 
 
@@ -145,40 +144,38 @@ def naive_write(r, state, role_: tuple, p: tuple, update: Tensor):
 
 # --- two_phase on the padded pool -----------------------------------------------------------------
 
-def _kinds_bias(bias_rows: Tensor | None, K: int, n: int) -> Tensor | None:
-    """(m, n) logit bias of ``m`` reads over ``n`` pool slots of periodic kinds (C or e, then K
-    details), from their (m, K) detail-bias rows; None without details."""
-    if bias_rows is None or K == 0:
+def _padded_bias(r, bias_rows: Tensor | None, n: int) -> Tensor | None:
+    """(m, n) logit bias of m reads over the first ``n`` slots of the padded pool, whose kinds
+    repeat with period 1 + K (C or e, then K details: ``plan.padded_codes``), from their (m, K)
+    detail-bias rows; None without details."""
+    codes = r.plan.padded_codes
+    if bias_rows is None or codes is None:
         return None
-    table = torch.cat((bias_rows.new_zeros(bias_rows.shape[0], 1), bias_rows), dim=1)   # (m, 1+K)
-    return table[:, [i % (1 + K) for i in range(n)]]
+    return block_plan.code_bias(bias_rows, r.plan_codes[codes][:n])
 
 
-def padded_phase1(values: tuple[Tensor, ...], inv: tuple[Tensor, ...], valid: Tensor, q: Tensor,
-                  bias_rows: Tensor | None, K: int, lean_: bool = False) -> tuple:
+def padded_phase1(r, values: tuple[Tensor, ...], inv: tuple[Tensor, ...], valid: Tensor, q: Tensor,
+                  bias_rows: Tensor | None) -> tuple:
     """:func:`routers.two_phase.phase1` over every pool slot, pads masked by a −inf logit.
 
     Args:
+        r: the router (its plan, and ``lean``: through :func:`routers.lean.mix`, o a tuple of m).
         values, inv, valid: the padded pool (:class:`PaddedState`).
         q: (m, d) the block's queries, key gain folded in.
         bias_rows: (m, K) their detail-bias rows, or None.
-        K: detail kinds per block.
-
-        lean_: through ``lean``'s Function (:func:`routers.lean.mix`; o is then a tuple of m).
 
     Returns:
-        o (m, B, T, d), μ (m, B, T), s (m, B, T).
+        o (m, B, T, d), μ (m, B, T), s (m, B, T); μ and s in the softmax dtype of the values.
     """
-    if lean_:
-        bias = _kinds_bias(bias_rows, K, len(values))
-        return lean.mix(q, None if bias is None else bias.to(valid.dtype), values, inv, valid, contiguous=True)
+    bias = _padded_bias(r, bias_rows, len(values))
+    if r.lean:
+        return lean.mix(q, bias, values, inv, valid, contiguous=True)
     V = torch.stack(values)                                            # (n, B, T, d)
     dots = torch.einsum("md,nbtd->mbtn", q, V)
-    logits = dots.to(valid.dtype) * torch.stack(inv, dim=-1)
-    bias = _kinds_bias(bias_rows, K, len(values))
+    logits = dots.to(softmax_dtype(V.dtype)) * torch.stack(inv, dim=-1)
     if bias is not None:
-        logits = logits + bias[:, None, None, :].to(logits.dtype)
-    logits = logits.masked_fill(valid == 0, float("-inf"))
+        logits = logits + bias[:, None, None, :]
+    logits = logits.masked_fill(valid.logical_not(), float("-inf"))
     mx = logits.amax(dim=-1).detach()
     e = torch.exp(logits - mx.unsqueeze(-1))
     s = e.sum(dim=-1)
@@ -190,13 +187,11 @@ def padded_phase1(values: tuple[Tensor, ...], inv: tuple[Tensor, ...], valid: Te
 def padded_init(r, e: Tensor) -> PaddedState:
     """e alone, with phase 1 of block 1 over it (inside the init region; :func:`padded_begin`
     adds the pads)."""
-    acc = softmax_dtype(e.dtype)
     inv_e = two_phase._inv_rms(r, e)
-    valid = torch.ones(1, dtype=acc, device=e.device)
-    reads = [s.index for s in r.slots if s.block == 1]
-    bias_rows = r.detail_bias[reads] if r.detail_kinds else None
-    o, mx, s = padded_phase1((e,), (inv_e,), valid, two_phase.queries(r, reads), bias_rows, len(r.detail_kinds),
-                             r.lean)
+    valid = e.new_ones(1, dtype=torch.bool)
+    rows = r.plan.rows[1]
+    bias_rows = r.detail_bias[rows] if r.detail_kinds else None
+    o, mx, s = padded_phase1(r, (e,), (inv_e,), valid, two_phase.queries(r, rows), bias_rows)
     return PaddedState((e,), (inv_e,), valid, None, (), o, mx, s)
 
 
@@ -220,11 +215,12 @@ def padded_read(r, state: PaddedState, role_: tuple, p: tuple) -> Tensor:
     q, _, bias_row, _, o, mx, s = p[:7]
     if start:
         return o
-    bias = None if bias_row is None or not seen else torch.cat((bias_row.new_zeros(1), bias_row[list(seen)]))
-    details, rho = [state.partial_details[j] for j in seen], getattr(r, "max_detail_scale", 1.0)
+    seen_ = block_plan.span(seen)
+    bias = None if bias_row is None or not seen else bias_row[seen_]
+    details, rho = list(state.partial_details[seen_]), getattr(r, "max_detail_scale", 1.0)
     if r.lean:  # the register oldest first: pads, then u_0 … u_{p−1} (routers.lean.rebuild)
         return lean.merge(o, mx, s, q, state.partial, details, bias, rho, state.updates[::-1],
-                          state.update_coefs.flip(0), seen)
+                          state.update_coefs.flip(0), seen_)
     return two_phase.merge(o, mx, s, q, state.partial, details, bias, rho)
 
 
@@ -246,7 +242,7 @@ def padded_write(r, state: PaddedState, role_: tuple, p: tuple, update: Tensor) 
         else:
             reg, coefs = (update,) + state.updates[:-1], torch.cat((c, state.update_coefs[:-1]))
         return state._replace(partial=partial, partial_details=details, updates=reg, update_coefs=coefs)
-    acc = state.valid.dtype
+    acc = softmax_dtype(partial.dtype)
     keep = len(state.values) - (1 + K)
     if final and not r.readout_details:  # the dropped pads stand for the details nobody reads
         new = (partial,) + state.values[keep:keep + K]
@@ -260,50 +256,53 @@ def padded_write(r, state: PaddedState, role_: tuple, p: tuple, update: Tensor) 
     valid = torch.cat((new_valid, state.valid[:keep]))
     if final:
         return PaddedState(values, inv, valid, None, (), None, None, None, zero=state.zero)
-    q_next, bias_next = p[7], p[8]
-    o, mx, s = padded_phase1(values, inv, valid, q_next, bias_next, K, r.lean)
+    o, mx, s = padded_phase1(r, values, inv, valid, p[7], p[8])
     return PaddedState(values, inv, valid, None, (), o, mx, s, zero=state.zero)
 
 
 def output_params(r) -> tuple:
-    """(readout query (d,), its key gain or None, its detail-bias row or None): the last rows of
-    the stacked parameters (two_phase folds the gain into the query, as its reads do)."""
+    """(readout query (d,), its key gain or None, its detail-bias row or None, kind codes of the
+    readout's sources or None): the last rows of the stacked parameters (two_phase folds the gain
+    into the query, as its reads do) and a slice of the plan's codes (naive: its readout pool;
+    two_phase: the padded pool's period)."""
     read = 2 * r.n_layers
-    gain = r.key_gain[read] if r.key_gain is not None and r.schedule != "two_phase" else None
-    q = two_phase.queries(r, [read])[0] if r.schedule == "two_phase" else r.pseudo_query[read]
-    return q, gain, r.detail_bias[read] if r.detail_kinds else None
+    two = r.schedule == "two_phase"
+    gain = r.key_gain[read] if r.key_gain is not None and not two else None
+    q = two_phase.queries(r, read) if two else r.pseudo_query[read]
+    codes = r.plan.padded_codes if two else r.plan.read_codes[read]
+    if not r.readout_details and two:
+        codes = None
+    return q, gain, r.detail_bias[read] if r.detail_kinds else None, None if codes is None else r.plan_codes[codes]
 
 
 def naive_output(r, state, p: tuple) -> Tensor:
-    """:meth:`BlockAttnRes.output` (naive) with the readout's rows as tensors."""
-    q, gain, bias_row = p
+    """:meth:`BlockAttnRes.output` (naive) with the readout's rows and kind codes as tensors."""
+    q, gain, bias_row, codes = p
     per_block = 1 + len(r.detail_kinds)
     sources = (state.e,) + (state.pool if r.readout_details else state.pool[::per_block])
-    kinds = (None,) + r._completed_kinds(r.n_blocks, r.readout_details)
-    bias = None
-    if bias_row is not None and any(k is not None for k in kinds):
-        bias = torch.cat((bias_row.new_zeros(1), bias_row))[[0 if k is None else k + 1 for k in kinds]]
+    bias = None if bias_row is None or codes is None else block_plan.code_bias(bias_row, codes)
     return depth_mix(sources, q, bias, gain)
 
 
 def padded_output(r, state: PaddedState, p: tuple) -> Tensor:
-    """The readout over e and every C (every source with ``readout_details``)."""
+    """The readout over e and every C (every source with ``readout_details``): the pool's kinds
+    repeat with period 1 + K, so e and the C's are a strided slice."""
     K = len(r.detail_kinds)
-    keep = list(range(len(state.values))) if r.readout_details else list(range(0, len(state.values), 1 + K))
-    if len(keep) == 1:
-        return state.values[0]
-    q, _, bias_row = p
+    keep = slice(None) if r.readout_details else slice(None, None, 1 + K)
+    values, inv, valid = state.values[keep], state.inv_rms[keep], state.valid[keep]
+    if len(values) == 1:
+        return values[0]
+    q, _, bias_row, codes = p
+    bias = None if bias_row is None or codes is None else block_plan.code_bias(bias_row, codes[:len(values)])
     if r.lean:
-        bias = _kinds_bias(bias_row[None], K, len(keep)) if r.readout_details and K else None
-        o, _, _ = lean.mix(q[None], None if bias is None else bias.to(state.valid.dtype),
-                           [state.values[i] for i in keep], [state.inv_rms[i] for i in keep], state.valid[keep])
+        o, _, _ = lean.mix(q[None], None if bias is None else bias[None], values, inv, valid)
         return o[0]
-    V = torch.stack([state.values[i] for i in keep])
+    V = torch.stack(values)
     dots = torch.matmul(V, q)
-    logits = dots.to(state.valid.dtype) * torch.stack([state.inv_rms[i] for i in keep])
-    if r.readout_details and K:
-        logits = logits + _kinds_bias(bias_row[None], K, len(keep))[0].view(-1, 1, 1).to(logits.dtype)
-    logits = logits.masked_fill(state.valid[keep].view(-1, 1, 1) == 0, float("-inf"))
+    logits = dots.to(softmax_dtype(V.dtype)) * torch.stack(inv)
+    if bias is not None:
+        logits = logits + bias.view(-1, 1, 1)
+    logits = logits.masked_fill(valid.logical_not().view(-1, 1, 1), float("-inf"))
     alpha = torch.softmax(logits, dim=0).to(V.dtype)
     return torch.einsum("nbt,nbtd->btd", alpha, V)
 
@@ -335,6 +334,12 @@ class BlockRegions:
             raise NotImplementedError(f"impl {self.impl} of {self.name} has no region form for "
                                       "--compile-scope layer; use --compile-scope model")
         return self.schedule == "two_phase"
+
+    def region_pack(self, state) -> tuple:
+        return tuple(state)
+
+    def region_unpack(self, state):
+        return (PaddedState if self._regions() else self.naive_state)(*state)
 
     def region_role(self, slot: Slot) -> tuple:
         return slot_role(self, slot)

@@ -36,8 +36,9 @@ _LOW = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """promote(dtype, float32): float32 for 16-bit streams, float64 for float64."""
-    return torch.promote_types(dtype, torch.float32)
+    """promote(dtype, float32): float32 for 16-bit streams, float64 for float64 (decided in
+    Python: a ``promote_types`` call is a dispatched op)."""
+    return torch.float32 if dtype.is_floating_point and dtype.itemsize < 4 else dtype
 
 
 def full_precision(x: Tensor):

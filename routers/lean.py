@@ -45,6 +45,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 from torch import Tensor
 
+from .block_plan import coefficient
 from .mixer import EPS, softmax_dtype
 
 #: Set by a FLOP counter (``harness.sweep.counts``) to a context manager factory that counts the
@@ -101,9 +102,10 @@ def inv_rms(v: Tensor) -> Tensor:
 class Phase1(torch.autograd.Function):
     """Phase 1 of a block (:func:`routers.two_phase.phase1`): m queries over n completed sources.
 
-    ``apply(meta, q, bias, valid, *values, *inv)`` with ``meta = (n, alias, contiguous)``: q (m, d) the queries
-    (key gain folded in), bias (m, n) or None, valid (n,) a mask of the pool's real sources (0 for a
-    pad of the layer scope) or None, then n sources (B, T, d) and their inverse RMS (B, T).
+    ``apply(n, alias, contiguous, q, bias, valid, *values, *inv)`` (plain int and bools, never a
+    tuple: some torch versions' Dynamo misbind a tuple argument of ``apply``): q (m, d) the queries
+    (key gain folded in), bias (m, n) or None, valid (n,) a bool mask of the pool's real sources
+    (False for a pad of the layer scope) or None, then n sources (B, T, d) and their inverse RMS (B, T).
 
     Returns ``(o_0, o_rest, μ, s)``: o_0 (B, T, d) its own tensor, o_rest (m−1, B, T, d), μ and s
     (m, B, T) in the softmax dtype (μ not differentiable: softmax is shift-invariant). With
@@ -116,30 +118,34 @@ class Phase1(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, meta: tuple, q: Tensor, bias: Tensor | None, valid: Tensor | None, *tensors: Tensor):
-        n, alias, contiguous = meta
+    def forward(ctx, n: int, alias: bool, contiguous: bool, q: Tensor, bias: Tensor | None,
+                valid: Tensor | None, *tensors: Tensor):
         values, inv = tensors[:n], tensors[n:]
-        V = torch.stack(values)                                       # (n, B, T, d), transient
+        V = torch.stack(values, dim=2)                                # (B, T, n, d), transient
         acc = softmax_dtype(V.dtype)
-        dots = torch.einsum("md,nbtd->mbtn", q, V).to(acc)            # (m, B, T, n)
-        logits = dots * torch.stack(inv, dim=-1)
+        with torch.autocast(V.device.type, enabled=False):  # as two_phase.exact_matmul
+            dots = torch.matmul(V, q.t()).to(acc)                     # (B, T, n, m)
+        logits = dots * torch.stack(inv, dim=-1).unsqueeze(-1)
         if bias is not None:
-            logits = logits + bias[:, None, None, :].to(acc)
+            logits = logits + bias.t().to(acc)
         if valid is not None:
-            logits = logits.masked_fill(valid == 0, float("-inf"))
-        mx = logits.amax(dim=-1)
-        p = torch.exp(logits - mx.unsqueeze(-1))
-        s = p.sum(dim=-1)
-        ctx.meta, ctx.autocast = meta, _autocast_state(q)
-        ctx.save_for_backward(q, bias, valid, dots, mx, s, *values, *inv)
-        ctx.mark_non_differentiable(mx)
+            logits = logits.masked_fill(valid.logical_not().unsqueeze(-1), float("-inf"))
+        mx = logits.amax(dim=2, keepdim=True)                          # (B, T, 1, m)
+        p = torch.exp(logits - mx)
+        s = p.sum(dim=2, keepdim=True)
+        ctx.n, ctx.alias, ctx.autocast = n, alias, _autocast_state(q)
+        # the backward's layout: (m, B, T, n) dots, (m, B, T) statistics (views, no copy)
+        stats = mx.squeeze(2).movedim(-1, 0), s.squeeze(2).movedim(-1, 0)
+        ctx.save_for_backward(q, bias, valid, dots.permute(3, 0, 1, 2), *stats, *values, *inv)
+        ctx.mark_non_differentiable(stats[0])
         if alias:
-            return mx, s
-        o = torch.einsum("mbtn,nbtd->mbtd", (p / s.unsqueeze(-1)).to(V.dtype), V)
+            return stats
+        with torch.autocast(V.device.type, enabled=False):
+            o = torch.matmul((p / s).to(V.dtype).mT, V).movedim(2, 0)  # (m, B, T, d)
         if contiguous:  # the layer scope: a region guards on the strides of its inputs, which must not
-            o = o.contiguous()  # depend on the block (einsum returns a (B, T, m, d) layout here)
+            o = o.contiguous()  # depend on the block
         o0 = o[0] if o.shape[0] == 1 else o[0].clone()
-        return o0, o[1:], mx, s
+        return o0, o[1:], *stats
 
     @staticmethod
     def backward(ctx, *grads):
@@ -148,36 +154,42 @@ class Phase1(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, *grads):
-        n, alias, _ = ctx.meta
+        n, alias = ctx.n, ctx.alias
         q, bias, valid, dots, mx, s, *rest = ctx.saved_tensors
         values, inv = rest[:n], rest[n:]
+        # the forward's layout: (B, T, n, m) dots, (B, T, 1, m) statistics (views of what was saved)
+        dots, mx, s = dots.permute(1, 2, 3, 0), mx.movedim(0, -1).unsqueeze(2), s.movedim(0, -1).unsqueeze(2)
         g_s = grads[-1]
         with recomputing():
-            r = torch.stack(inv, dim=-1)                              # (B, T, n)
+            r = torch.stack(inv, dim=-1).unsqueeze(-1)                # (B, T, n, 1)
             logits = dots * r
             if bias is not None:
-                logits = logits + bias[:, None, None, :].to(dots.dtype)
+                logits = logits + bias.t().to(dots.dtype)
             if valid is not None:
-                logits = logits.masked_fill(valid == 0, float("-inf"))
-            beta = torch.exp(logits - mx.unsqueeze(-1)) / s.unsqueeze(-1)   # (m, B, T, n)
-        V = torch.stack(values)
-        g_l = torch.zeros_like(beta) if g_s is None else beta * (g_s * s).unsqueeze(-1)
+                logits = logits.masked_fill(valid.logical_not().unsqueeze(-1), float("-inf"))
+            beta = torch.exp(logits - mx) / s                          # (B, T, n, m)
+        V = torch.stack(values, dim=2)                                 # (B, T, n, d)
+        g_l = torch.zeros_like(beta) if g_s is None else beta * (g_s.movedim(0, -1).unsqueeze(2) * s)
         g_v = None
-        if not alias and (grads[0] is not None or grads[1] is not None):
-            g_o0, g_rest = grads[0], grads[1]
-            m = dots.shape[0]
-            G = torch.cat(((torch.zeros_like(V[0]) if g_o0 is None else g_o0).unsqueeze(0),
-                           torch.zeros_like(V[:m - 1]) if g_rest is None else g_rest))
-            g_beta = torch.einsum("mbtd,nbtd->mbtn", G, V).to(beta.dtype)
-            g_l = g_l + beta * (g_beta - (beta * g_beta).sum(dim=-1, keepdim=True))
-            g_v = torch.einsum("mbtn,mbtd->nbtd", beta.to(V.dtype), G)
-        g_dots = (g_l * r).to(V.dtype)                                # ∂ℓ/∂dots = r
-        key = torch.einsum("mbtn,md->nbtd", g_dots, q)
-        g_v = key if g_v is None else g_v + key
-        g_q = torch.einsum("mbtn,nbtd->md", g_dots, V) if ctx.needs_input_grad[1] else None
-        g_b = g_l.sum(dim=(1, 2)).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
-        g_r = (g_l * dots).sum(dim=0)                                 # (B, T, n)
-        return (None, g_q, g_b, None, *g_v.unbind(0), *g_r.unbind(-1))
+        # the contractions in the sources' dtype, as the forward's (two_phase.exact_matmul)
+        with torch.autocast(V.device.type, enabled=False):
+            if not alias and (grads[0] is not None or grads[1] is not None):
+                g_o0, g_rest = grads[0], grads[1]
+                m = dots.shape[-1]
+                G = torch.cat(((torch.zeros_like(values[0]) if g_o0 is None else g_o0).unsqueeze(0),
+                               V.new_zeros(m - 1, *V.shape[:2], V.shape[-1]) if g_rest is None else g_rest))
+                G = G.movedim(0, 2)                                    # (B, T, m, d)
+                g_beta = torch.matmul(V, G.mT).to(beta.dtype)          # (B, T, n, m)
+                g_l = g_l + beta * (g_beta - (beta * g_beta).sum(dim=2, keepdim=True))
+                g_v = torch.matmul(beta.to(V.dtype), G)                # (B, T, n, d)
+            g_dots = (g_l * r).to(V.dtype)                             # ∂ℓ/∂dots = r
+            key = torch.matmul(g_dots, q)                              # (B, T, n, d)
+            g_v = key if g_v is None else g_v + key
+            g_q = (torch.matmul(g_dots.flatten(0, 2).t(), V.flatten(0, 2))
+                   if ctx.needs_input_grad[3] else None)               # (m, d)
+        g_b = g_l.sum(dim=(0, 1)).t().to(bias.dtype) if bias is not None and ctx.needs_input_grad[4] else None
+        g_r = (g_l * dots).sum(dim=-1)                                 # (B, T, n)
+        return (None, None, None, g_q, g_b, None, *g_v.unbind(2), *g_r.unbind(-1))
 
 
 def mix(queries: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
@@ -190,22 +202,26 @@ def mix(queries: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Seq
     n, m = len(values), queries.shape[0]
     if n == 1:  # each o_i is the source: a view of it each (one storage; no object twice, which a
         # layer-scope region would see as an input aliasing the pool's e and guard on)
-        mx, s = Phase1.apply((1, True, contiguous), queries, bias, valid, *values, *inv)
+        mx, s = Phase1.apply(1, True, contiguous, queries, bias, valid, *values, *inv)
         return tuple(values[0].view_as(values[0]) for _ in range(m)), mx, s
-    o0, rest, mx, s = Phase1.apply((n, False, contiguous), queries, bias, valid, *values, *inv)
+    o0, rest, mx, s = Phase1.apply(n, False, contiguous, queries, bias, valid, *values, *inv)
     return (o0, *rest.unbind(0)), mx, s
 
 
-def rebuild(updates: Sequence[Tensor], coefs, kinds: Sequence[int]) -> tuple[Tensor, list[Tensor]]:
+def rebuild(updates: Sequence[Tensor], coefs: int | Tensor, kinds: Sequence[int],
+            n_kinds: int = 0) -> tuple[Tensor, list[Tensor]]:
     """P and the raw details of ``kinds`` from the block's updates, by the forward's own sums
     (``BlockAttnRes.write``: P = u_0, D = ±u_0, then P + u, D ± u), so bit for bit the same.
 
     Args:
         updates: u_0 … u_{p−1} oldest first, each (B, T, d); under the layer scope led by zero pads
             (0 + x = x exactly, so the pads change no bit).
-        coefs: per update, its coefficient in every detail kind: a tuple of ±1 (Python), or a
-            (p, K) tensor of ±1 (0 for a pad) under the layer scope, which adds c·u (D ± u exactly).
-        kinds: the detail kinds to rebuild.
+        coefs: the updates' coefficients in every detail kind: a Python int of bits
+            (:func:`routers.block_plan.coefficient_bits` over ``n_kinds`` kinds; Python constants,
+            so D ± u with no multiply), or a (p, K) tensor of ±1 (0 for a pad) under the layer
+            scope, which adds c·u (D ± u exactly).
+        kinds: the detail kinds to rebuild (detail indices).
+        n_kinds: K, the detail kinds per update of ``coefs`` given as bits.
     """
     if isinstance(coefs, Tensor):
         P, D = updates[0], [coefs[0, j] * updates[0] for j in kinds]
@@ -213,18 +229,20 @@ def rebuild(updates: Sequence[Tensor], coefs, kinds: Sequence[int]) -> tuple[Ten
             P, D = P + u, [d + coefs[i, j] * u for d, j in zip(D, kinds)]
         return P, D
     P = updates[0]
-    D = [updates[0] if coefs[0][j] > 0 else -updates[0] for j in kinds]
-    for u, c in zip(updates[1:], coefs[1:]):
+    D = [updates[0] if coefficient(coefs, n_kinds, 0, j) > 0 else -updates[0] for j in kinds]
+    for i, u in enumerate(updates[1:], start=1):
         P = P + u
-        D = [d + u if c[j] > 0 else d - u for d, j in zip(D, kinds)]
+        D = [d + u if coefficient(coefs, n_kinds, i, j) > 0 else d - u for d, j in zip(D, kinds)]
     return P, D
 
 
 class Phase2(torch.autograd.Function):
     """Phase 2 of one read at block position p ≥ 1 (:func:`routers.two_phase.merge`).
 
-    ``apply(meta, o, μ, s, q, bias, c, coef_t, P, *details, *updates)`` with ``meta = (kinds,
-    coefs)``: o (B, T, d), μ and s (B, T) of phase 1 for this read, q (d,), bias (K',) of the seen
+    ``apply(k_lo, k_hi, n_kinds, bits, o, μ, s, q, bias, c, coef_t, P, *details, *updates)``
+    (plain ints, never a tuple: some torch versions' Dynamo misbind a tuple argument of
+    ``apply``), with the seen detail kinds ``range(k_lo, k_hi)`` of ``n_kinds``, and ``bits`` the
+    updates' coefficients (:func:`rebuild`; ignored when ``coef_t`` is given): o (B, T, d), μ and s (B, T) of phase 1 for this read, q (d,), bias (K',) of the seen
     details or None, c (K', B, T) their detached RMS-matching gains (not differentiable) or None,
     coef_t the updates' coefficients as a (p, K) tensor (the layer scope; ``coefs`` is then None)
     or None, P and the K' raw details (B, T, d) seen, then the block's updates u_0 … u_{p−1} (kept
@@ -240,9 +258,10 @@ class Phase2(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, meta: tuple, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Tensor | None,
-                c: Tensor | None, coef_t: Tensor | None, P: Tensor, *tensors: Tensor) -> Tensor:
-        kinds, _ = meta
+    def forward(ctx, k_lo: int, k_hi: int, n_kinds: int, bits: int, o: Tensor, mx: Tensor, s: Tensor,
+                q: Tensor, bias: Tensor | None, c: Tensor | None, coef_t: Tensor | None, P: Tensor,
+                *tensors: Tensor) -> Tensor:
+        kinds = range(k_lo, k_hi)
         details, updates = tensors[:len(kinds)], tensors[len(kinds):]
         d, acc = P.shape[-1], mx.dtype
         # per source S = P, c·D: its dot t = q·S... (c folded in below) and ρ = rsqrt(c²·mean(S²) + ε)
@@ -253,11 +272,8 @@ class Phase2(torch.autograd.Function):
         logits = t * rho if not details else torch.cat((t[:1] * rho[:1], c * t[1:] * rho[1:]))
         if bias is not None:
             logits = torch.cat((logits[:1], logits[1:] + bias.view(-1, 1, 1).to(acc)))
-        m_new = torch.maximum(mx, logits.amax(dim=0))
-        a0 = s * torch.exp(mx - m_new)
-        aj = torch.exp(logits - m_new)
-        den = a0 + aj.sum(dim=0)
-        w = torch.cat(((a0 / den).unsqueeze(0), aj / den))          # (2 + K', B, T): o, P, details
+        # (2 + K', B, T): o (its logit phase 1's log-sum-exp μ + log s), P, details
+        w = torch.softmax(torch.cat(((mx + torch.log(s)).unsqueeze(0), logits)), dim=0)
         if not details:
             h = torch.lerp(P, o, w[0].to(o.dtype).unsqueeze(-1))
         else:
@@ -265,7 +281,7 @@ class Phase2(torch.autograd.Function):
             h = torch.addcmul(h, w[1].to(o.dtype).unsqueeze(-1), P)
             for j, D in enumerate(details):
                 h = torch.addcmul(h, (w[2 + j] * c[j]).to(o.dtype).unsqueeze(-1), D)
-        ctx.meta, ctx.autocast = meta, _autocast_state(q)
+        ctx.kinds, ctx.n_kinds, ctx.bits, ctx.autocast = kinds, n_kinds, bits, _autocast_state(q)
         ctx.save_for_backward(h, s, q, bias, c, coef_t, w, t, rho, *updates)
         return h
 
@@ -276,11 +292,11 @@ class Phase2(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g: Tensor):
-        kinds, coefs = ctx.meta
+        kinds = ctx.kinds
         h, s, q, bias, c, coef_t, w, ts, rhos, *updates = ctx.saved_tensors
         acc, d = w.dtype, h.shape[-1]
         with recomputing():
-            P, details = rebuild(updates, coefs if coef_t is None else coef_t, kinds)
+            P, details = rebuild(updates, ctx.bits if coef_t is None else coef_t, kinds, ctx.n_kinds)
         srcs = [P] + details
         gains = [None] + [c[j] for j in range(len(kinds))]
         gh = _dot(g, h, acc)
@@ -288,7 +304,7 @@ class Phase2(torch.autograd.Function):
         for j, (S, cj) in enumerate(zip(srcs, gains)):
             gs = _dot(g, S, acc)
             g_l.append(w[1 + j] * ((gs if cj is None else cj * gs) - gh))
-        g_o = (w[0].to(g.dtype).unsqueeze(-1) * g) if ctx.needs_input_grad[1] else None
+        g_o = (w[0].to(g.dtype).unsqueeze(-1) * g) if ctx.needs_input_grad[4] else None
         g_s = -torch.stack(g_l).sum(dim=0) / s
         grads, g_q = [], torch.zeros_like(q, dtype=acc)
         for j, (S, cj, t, rho, gl) in enumerate(zip(srcs, gains, ts, rhos, g_l)):
@@ -302,7 +318,7 @@ class Phase2(torch.autograd.Function):
             grads.append(grad)
             g_q = g_q + torch.einsum("bt,btd->d", k_q, S.to(acc))
         g_b = torch.stack([gl.sum() for gl in g_l[1:]]).to(bias.dtype) if bias is not None else None
-        return (None, g_o, None, g_s, g_q.to(q.dtype), g_b, None, None, grads[0], *grads[1:],
+        return (None, None, None, None, g_o, None, g_s, g_q.to(q.dtype), g_b, None, None, grads[0], *grads[1:],
                 *(None for _ in updates))
 
 
@@ -331,15 +347,14 @@ def _distinct(tensors: list[Tensor]) -> list[Tensor]:
 
 def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
           bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor],
-          coefs, kinds: Sequence[int]) -> Tensor:
-    """:func:`routers.two_phase.merge` through :class:`Phase2`; ``bias`` (1 + K',) over (P,
-    details) as there (its first entry, P's, is 0 and not used); ``updates``, ``coefs`` (rows of
-    ±1, or a tensor) and ``kinds`` as :func:`rebuild` takes them."""
+          coefs: int | Tensor, kinds: slice, n_kinds: int = 0) -> Tensor:
+    """:func:`routers.two_phase.merge` through :class:`Phase2`; ``bias`` (K',) of the seen details
+    as there; ``updates``, ``coefs`` (bits of ``n_kinds`` kinds, or a tensor) as :func:`rebuild`
+    takes them, and ``kinds`` the seen detail kinds as a slice."""
     c = gains(P, details, max_detail_scale)
-    b = None if bias is None or not details else bias[1:]
+    b = None if bias is None or not details else bias
     o, P, *rest = _distinct([o, P, *details, *updates])
     details, updates = rest[:len(details)], rest[len(details):]
     if isinstance(coefs, Tensor):
-        return Phase2.apply((tuple(kinds), None), o, mx, s, q, b, c, coefs, P, *details, *updates)
-    return Phase2.apply((tuple(kinds), tuple(tuple(x) for x in coefs)), o, mx, s, q, b, c, None, P,
-                        *details, *updates)
+        return Phase2.apply(kinds.start, kinds.stop, n_kinds, 0, o, mx, s, q, b, c, coefs, P, *details, *updates)
+    return Phase2.apply(kinds.start, kinds.stop, n_kinds, coefs, o, mx, s, q, b, c, None, P, *details, *updates)

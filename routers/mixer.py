@@ -35,8 +35,10 @@ EPS = 1e-6
 
 
 def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for low-precision tensors (softmax statistics in float32), else the dtype itself."""
-    return torch.promote_types(dtype, torch.float32)
+    """float32 for low-precision tensors (softmax statistics in float32), else the dtype itself
+    (``torch.promote_types(dtype, float32)`` for floating dtypes, decided in Python: a
+    ``promote_types`` call is a dispatched op, one per read)."""
+    return torch.float32 if dtype.is_floating_point and dtype.itemsize < 4 else dtype
 
 
 def depth_mix(sources: Sequence[Tensor], query: Tensor, bias: Tensor | None = None,

@@ -58,6 +58,9 @@ class MultiResolutionRouter(BlockAttnRes):
         ConfigError: an option out of range, or a block with an odd number of sublayers.
     """
 
+    #: the default until ``__init__`` sets the instance's (the base class plans with it first)
+    partial_details = "always"
+
     def __init__(self, d_model: int, n_layers: int, *, n_blocks: int | None = None,
                  block_unit: str = "layer", max_detail_scale: float = 4.0,
                  detail_bias_init: float = -2.0, partial_details: str = "always",
@@ -81,6 +84,7 @@ class MultiResolutionRouter(BlockAttnRes):
         self.readout_details = bool(readout_details)
         self.detail_bias = nn.Parameter(
             torch.full((2 * n_layers + 1, len(self.detail_kinds)), self.detail_bias_init))
+        self._build_plan()  # the pools depend on partial_details and readout_details
 
     def _coefficients(self, slot: Slot) -> tuple[int, ...]:
         coef = {"split": 1 if slot.pos < slot.block_len // 2 else -1,
@@ -98,13 +102,6 @@ class MultiResolutionRouter(BlockAttnRes):
 
     def _match(self, detail: Tensor, state: Tensor) -> Tensor:
         return rms_match(detail, state, self.max_detail_scale)
-
-    def _bias(self, read: int, kinds: tuple[int | None, ...]) -> Tensor | None:
-        if all(k is None for k in kinds):
-            return None
-        row = self.detail_bias[read]
-        table = torch.cat((row.new_zeros(1), row))          # 0 for state sources
-        return table[[0 if k is None else k + 1 for k in kinds]]
 
     def options(self) -> dict:
         return {**super().options(), "max_detail_scale": self.max_detail_scale,

@@ -13,11 +13,13 @@ sublayers are known and the completed sources cannot change until the block ends
 - **Phase 2** (per sublayer at position p ≥ 1): the partial-block sources (P and its visible
   details) are merged into phase 1's result by online softmax:
 
-      M = max(μ_p, max_j ℓ_j),  a_0 = s_p·exp(μ_p − M),  a_j = exp(ℓ_j − M)
-      h = (a_0·o_p + Σ_j a_j S_j) / (a_0 + Σ_j a_j)
+      λ_p = μ_p + log s_p  (phase 1's log-sum-exp),  (w_o, w_j) = softmax(λ_p, ℓ_j)
+      h = w_o·o_p + Σ_j w_j S_j
 
-  At p = 0 the read is ``o_0`` itself. The weights sum to one, so with a single partial source
-  (Block AttnRes) the merge is one ``lerp``: h = P + a_0/(a_0 + a_1)·(o_p − P).
+  which is the online-softmax merge M = max(μ_p, ℓ_j), a_0 = s_p·exp(μ_p − M), a_j = exp(ℓ_j − M),
+  h = (a_0·o_p + Σ_j a_j S_j)/(a_0 + Σ_j a_j), in one softmax op. At p = 0 the read is ``o_0``
+  itself. With a single partial source (Block AttnRes) w_o = sigmoid(λ_p − ℓ_P) and the merge is
+  one ``lerp``: h = P + w_o·(o_p − P).
 
 A key-norm gain g folds into the query: w·RMSNorm_g(V) = (g ⊙ w)·RMSNorm(V), so the cached
 inverse RMS needs no gain. The maxima are detached: softmax is invariant to the shift, so its gradient is zero.
@@ -27,12 +29,12 @@ backward (tests/test_two_phase.py).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import ContextManager, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from . import lean
+from . import block_plan, lean
 from .base import Slot
 from .mixer import EPS, softmax_dtype
 
@@ -50,6 +52,8 @@ class BlockRouter(Protocol):
     detail_kinds: tuple[str, ...]
     readout_details: bool
     max_detail_scale: float  # multi-resolution routers only
+    plan: block_plan.BlockPlan
+    plan_codes: Tensor
 
     def _match(self, detail: Tensor, state: Tensor) -> Tensor: ...
     def _partial_kinds(self, slot: Slot) -> tuple[int, ...]: ...
@@ -87,50 +91,64 @@ def inv_rms(v: Tensor) -> Tensor:
     return torch.rsqrt(ms + EPS)
 
 
-def queries(r: BlockRouter, reads: list[int]) -> Tensor:
-    """Pseudo-queries of the given reads with any key gain folded in, (m, d)."""
-    q = r.pseudo_query[reads]
-    return q if r.key_gain is None else q * r.key_gain[reads]
+def exact_matmul(t: Tensor) -> ContextManager:
+    """Phase 1's contractions in the sources' own dtype, also inside an autocast region: the
+    schedule takes its dots in the input dtype (ROUTERS.md, "Precision"), which an einsum kept
+    (autocast does not reach inside it) and a plain ``matmul`` would cast to the autocast dtype."""
+    return torch.autocast(t.device.type, enabled=False)
 
 
-def bias_matrix(r: BlockRouter, reads: list[int], kinds: tuple[int | None, ...]) -> Tensor | None:
-    """Logit bias (m, n) of each read over sources of the given kinds (None = state source)."""
-    if all(k is None for k in kinds) or not r.detail_kinds:
+def queries(r: BlockRouter, rows: int | slice) -> Tensor:
+    """Pseudo-queries of read ``rows`` (an int: (d,); a slice of consecutive reads: (m, d)) with
+    any key gain folded in. A slice is a view: no op, no host data."""
+    q = r.pseudo_query[rows]
+    return q if r.key_gain is None else q * r.key_gain[rows]
+
+
+def bias_matrix(r: BlockRouter, block: int) -> Tensor | None:
+    """Logit bias (m, n) of block ``block``'s m reads over the n completed sources of its phase 1
+    (``plan.completed[block]``), or None when none is a detail."""
+    codes = r.plan.phase1_codes[block]
+    if codes is None:
         return None
-    rows = r.detail_bias[reads]                                   # (m, n_kinds)
-    table = torch.cat((rows.new_zeros(len(reads), 1), rows), dim=1)
-    return table[:, [0 if k is None else k + 1 for k in kinds]]
+    return block_plan.code_bias(r.detail_bias[r.plan.rows[block]], r.plan_codes[codes])
+
+
+def seen_bias(r: BlockRouter, slot: Slot) -> Tensor | None:
+    """Logit bias (K',) of the partial details the read at ``slot`` sees, or None."""
+    seen = r.plan.seen_span[slot.index]
+    return None if seen.stop == seen.start else r.detail_bias[slot.index, seen]
 
 
 def phase1(r: BlockRouter, values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
-           block_slots: list[Slot], kinds: tuple[int | None, ...]) -> tuple[Tensor, Tensor, Tensor]:
-    """All m queries of a block against the n completed sources in one batched pass.
+           block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """All m queries of block ``block`` against the n completed sources in one batched pass.
 
     Returns:
         o (m, B, T, d) normalised partial outputs, μ (m, B, T) maxima, s (m, B, T) sums of exps.
     """
-    reads = [s.index for s in block_slots]
-    V = torch.stack(values)                                       # (n, B, T, d)
-    dots = torch.einsum("md,nbtd->mbtn", queries(r, reads), V)    # (m, B, T, n)
-    logits = dots.to(softmax_dtype(V.dtype)) * torch.stack(inv, dim=-1)
-    bias = bias_matrix(r, reads, kinds)
+    V = torch.stack(values, dim=2)                                # (B, T, n, d)
+    with exact_matmul(V):
+        dots = torch.matmul(V, queries(r, r.plan.rows[block]).t())    # (B, T, n, m)
+    logits = dots.to(softmax_dtype(V.dtype)) * torch.stack(inv, dim=-1).unsqueeze(-1)
+    bias = bias_matrix(r, block)
     if bias is not None:
-        logits = logits + bias[:, None, None, :]
-    mx = logits.amax(dim=-1).detach()
-    p = torch.exp(logits - mx.unsqueeze(-1))
-    s = p.sum(dim=-1)
-    o = torch.einsum("mbtn,nbtd->mbtd", (p / s.unsqueeze(-1)).to(V.dtype), V)
-    return o, mx, s
+        logits = logits + bias.t()
+    mx = logits.amax(dim=2, keepdim=True).detach()                # (B, T, 1, m)
+    p = torch.exp(logits - mx)
+    s = p.sum(dim=2, keepdim=True)
+    with exact_matmul(V):
+        o = torch.matmul((p / s).to(V.dtype).mT, V)              # (B, T, m, d)
+    return o.movedim(2, 0), mx.squeeze(2).movedim(-1, 0), s.squeeze(2).movedim(-1, 0)
 
 
 def phase2(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
     """Online-softmax merge of the partial-block sources into phase 1's result for ``slot``
     (:func:`merge` of P and the details the slot sees)."""
-    seen = r._partial_kinds(slot)
-    bias = bias_matrix(r, [slot.index], (None,) + tuple(seen))
+    seen = r.plan.seen_span[slot.index]
     return merge(st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos],
-                 queries(r, [slot.index])[0], st.partial, [st.partial_details[j] for j in seen],
-                 None if bias is None else bias[0], getattr(r, "max_detail_scale", 1.0))
+                 queries(r, slot.index), st.partial, list(st.partial_details[seen]),
+                 seen_bias(r, slot), getattr(r, "max_detail_scale", 1.0))
 
 
 def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
@@ -145,7 +163,7 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
         o, mx, s: phase 1's output (B, T, d), running max and sum of exponentials (B, T) for the read.
         q: the read's query (d,), key gain folded in.
         P: the block's partial sum (B, T, d); details: the raw running details it sees.
-        bias: logit bias (1 + len(details),) over (P, details…), or None.
+        bias: logit bias (len(details),) of the details, or None (P's is 0).
         max_detail_scale: ρ.
 
     Returns:
@@ -153,49 +171,43 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
     """
     d, acc = P.shape[-1], mx.dtype
     ms_p = torch.linalg.vector_norm(P, dim=-1, dtype=acc).square() / d          # (B, T)
-    logits, values, gains = [torch.matmul(P, q).to(acc) * torch.rsqrt(ms_p + EPS)], [P], [None]
+    logit_p = torch.matmul(P, q).to(acc) * torch.rsqrt(ms_p + EPS)
+    lse = mx + torch.log(s)                   # phase 1's log-sum-exp: o's logit in the merge
+    if not details:  # two sources: the weight of o is a sigmoid (what flash-attn-res merges)
+        w0 = torch.sigmoid(lse - logit_p)
+        return torch.lerp(P, o, w0.to(o.dtype).unsqueeze(-1))
+    logits, gains = [lse, logit_p], []
     for D in details:
         ms_d = torch.linalg.vector_norm(D, dim=-1, dtype=acc).square() / d
         with torch.no_grad():
             c = torch.clamp(ms_p.sqrt() / (ms_d.sqrt() + EPS), max=max_detail_scale)
         logits.append(c * torch.matmul(D, q).to(acc) * torch.rsqrt(c.square() * ms_d + EPS))
-        values.append(D)
         gains.append(c)
-    logits = torch.stack(logits)                                                  # (J, B, T)
+    logits = torch.stack(logits)                                                  # (2 + K', B, T)
     if bias is not None:
-        logits = logits + bias.view(-1, 1, 1)
-    m_new = torch.maximum(mx, logits.amax(dim=0)).detach()
-    a0 = s * torch.exp(mx - m_new)
-    aj = torch.exp(logits - m_new)
-    den = a0 + aj.sum(dim=0)
-    w0 = (a0 / den).to(o.dtype).unsqueeze(-1)                                     # (B, T, 1)
-    if len(values) == 1:                                                          # weights sum to 1
-        return torch.lerp(P, o, w0)
-    out = w0 * o
-    for a, v, c in zip(aj, values, gains):
-        w = a / den if c is None else a * c / den
-        out = torch.addcmul(out, w.to(o.dtype).unsqueeze(-1), v)
+        logits = torch.cat((logits[:2], logits[2:] + bias.view(-1, 1, 1)))
+    w = torch.softmax(logits, dim=0)          # over (o, P, details): the online merge in one op
+    out = torch.addcmul(w[0].to(o.dtype).unsqueeze(-1) * o, w[1].to(o.dtype).unsqueeze(-1), P)
+    for wj, c, D in zip(w[2:], gains, details):
+        out = torch.addcmul(out, (wj * c).to(o.dtype).unsqueeze(-1), D)
     return out
 
 
 def lean_phase1(r: BlockRouter, values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
-                block_slots: list[Slot], kinds: tuple[int | None, ...]) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
+                block: int) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
     """:func:`phase1` through ``lean``'s Function (:func:`routers.lean.mix`): o is a tuple of m
     (B, T, d), the source itself when e is the only one."""
-    reads = [s.index for s in block_slots]
-    return lean.mix(queries(r, reads), bias_matrix(r, reads, kinds), values, inv)
+    return lean.mix(queries(r, r.plan.rows[block]), bias_matrix(r, block), values, inv)
 
 
 def lean_phase2(r: BlockRouter, st: TwoPhaseState, slot: Slot) -> Tensor:
     """:func:`phase2` through ``lean``'s Function (:func:`routers.lean.merge`), which rebuilds P
-    and the details from ``st.updates`` in its backward."""
-    seen = r._partial_kinds(slot)
-    bias = bias_matrix(r, [slot.index], (None,) + tuple(seen))
-    coefs = [r._coefficients(x) for x in r.slots if x.block == slot.block and x.pos < slot.pos]
+    and the details from ``st.updates`` in its backward (their coefficients: ``plan.coef_bits``)."""
+    seen = r.plan.seen_span[slot.index]
     return lean.merge(st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos],
-                      queries(r, [slot.index])[0], st.partial, [st.partial_details[j] for j in seen],
-                      None if bias is None else bias[0], getattr(r, "max_detail_scale", 1.0),
-                      st.updates, coefs, seen)
+                      queries(r, slot.index), st.partial, list(st.partial_details[seen]),
+                      seen_bias(r, slot), getattr(r, "max_detail_scale", 1.0),
+                      st.updates, r.plan.coef_bits[slot.index], seen, r.plan.K)
 
 
 def _phases(r: BlockRouter) -> tuple:
@@ -211,18 +223,9 @@ def _inv_rms(r: BlockRouter, v: Tensor) -> Tensor:
     return lean.inv_rms(v) if getattr(r, "lean", False) else inv_rms(v)
 
 
-def completed_kinds(r: BlockRouter, n_blocks_done: int) -> tuple[int | None, ...]:
-    """Kinds of ``values``: the embedding, then per block C and its details."""
-    return (None,) + ((None,) + tuple(range(len(r.detail_kinds)))) * n_blocks_done
-
-
-def block_slots(r: BlockRouter, block: int) -> list[Slot]:
-    return [s for s in r.slots if s.block == block]
-
-
 def init_state(r: BlockRouter, e: Tensor) -> TwoPhaseState:
     values, inv = (e,), (_inv_rms(r, e),)
-    o, mx, s = _phases(r)[0](r, values, inv, block_slots(r, 1), completed_kinds(r, 0))
+    o, mx, s = _phases(r)[0](r, values, inv, 1)
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
@@ -245,29 +248,26 @@ def write(r: BlockRouter, st: TwoPhaseState, slot: Slot, partial: Tensor,
     values, inv = st.values + new, st.inv_rms + tuple(_inv_rms(r, v) for v in new)
     if final:
         return TwoPhaseState(values, inv, None, (), None, None, None)
-    o, mx, s = _phases(r)[0](r, values, inv, block_slots(r, slot.block + 1), completed_kinds(r, slot.block))
+    o, mx, s = _phases(r)[0](r, values, inv, slot.block + 1)
     return TwoPhaseState(values, inv, None, (), o, mx, s)
 
 
 def output(r: BlockRouter, st: TwoPhaseState) -> Tensor:
     """Readout over (e, C_1…C_N) (+ details with ``readout_details``) with the cached inverse RMS."""
-    if r.readout_details:
-        kinds = completed_kinds(r, r.n_blocks)
-    else:  # the last block's details were never built (see write)
-        kinds = completed_kinds(r, r.n_blocks - 1) + (None,)
-    keep = [i for i, k in enumerate(kinds) if r.readout_details or k is None]
+    keep = r.plan.readout_keep
     if len(keep) == 1:
         return st.values[0]
     read = 2 * r.n_layers
+    codes = r.plan.readout_codes
+    bias = None if codes is None else block_plan.code_bias(r.detail_bias[read], r.plan_codes[codes])
     if getattr(r, "lean", False):
-        bias = bias_matrix(r, [read], tuple(kinds[i] for i in keep))
-        o, _, _ = lean.mix(queries(r, [read]), bias, [st.values[i] for i in keep], [st.inv_rms[i] for i in keep])
+        o, _, _ = lean.mix(queries(r, slice(read, read + 1)), None if bias is None else bias[None],
+                           [st.values[i] for i in keep], [st.inv_rms[i] for i in keep])
         return o[0]
     V = torch.stack([st.values[i] for i in keep])
-    dots = torch.matmul(V, queries(r, [read])[0])                  # (n, B, T)
+    dots = torch.matmul(V, queries(r, read))                       # (n, B, T)
     logits = dots.to(softmax_dtype(V.dtype)) * torch.stack([st.inv_rms[i] for i in keep])
-    bias = bias_matrix(r, [read], tuple(kinds[i] for i in keep))
     if bias is not None:
-        logits = logits + bias[0].view(-1, 1, 1)
+        logits = logits + bias.view(-1, 1, 1)
     alpha = torch.softmax(logits, dim=0).to(V.dtype)
     return torch.einsum("nbt,nbtd->btd", alpha, V)

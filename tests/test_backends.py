@@ -151,11 +151,11 @@ def test_graphed_step_and_preflight_on_cpu():
 # --- CUDA only ----------------------------------------------------------------------------------
 @CUDA
 @pytest.mark.cuda
-@pytest.mark.parametrize("name,impl", VARIANTS + [("haares", "lean")])
+@pytest.mark.parametrize("name,impl", ALL_IMPLS)
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd", "decode"])
 def test_cudagraph_equals_eager(name, impl, mode):
-    """Replay equals eager, forward and gradients; ``lean``'s Functions inside the capture too (no
-    host sync, the same allocations every step)."""
+    """Replay equals eager, forward and gradients, for every router × impl (``two_phase`` and
+    ``lean``'s Functions inside the capture too: no host sync, the same allocations every step)."""
     x, y = batch("cuda")
     eager, graphed = model_for(name, impl, "cuda"), model_for(name, impl, "cuda")
     dec_e = prefill_for_decode(eager, x) if mode == "decode" else None

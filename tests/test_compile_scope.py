@@ -156,9 +156,9 @@ def test_masked_phase1_flops_are_what_the_padded_phase1_adds():
         for b in range(2, r.n_blocks + 1):
             m, valid = sum(s.block == b for s in r.slots), 1 + (b - 1) * (1 + K)
             q, rows = torch.randn(m, 8), torch.randn(m, K) if K else None
-            mask = torch.tensor([1.0] * valid + [0.0] * (n_cap - valid))
-            padded = flops(lambda: padded_phase1(tuple(src), tuple(inv), mask, q, rows, K))
-            compact = flops(lambda: padded_phase1(tuple(src[:valid]), tuple(inv[:valid]), mask[:valid], q, rows, K))
+            mask = torch.tensor([True] * valid + [False] * (n_cap - valid))
+            padded = flops(lambda: padded_phase1(r, tuple(src), tuple(inv), mask, q, rows))
+            compact = flops(lambda: padded_phase1(r, tuple(src[:valid]), tuple(inv[:valid]), mask[:valid], q, rows))
             extra += padded - compact
         assert extra == masked_phase1_flops(r, B, T) > 0, name
 

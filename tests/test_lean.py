@@ -15,6 +15,7 @@ from harness.rundir.writer import MemoryWriter
 from harness.sweep.cases import Case
 from harness.sweep.counts import measure_recompute
 from routers import build_router, lean
+from routers.block_plan import coefficient_bits
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
@@ -78,7 +79,7 @@ def test_a_dropped_detail_bias_gradient_fails_the_equality(monkeypatch):
 
     def dropped(ctx, g):
         grads = list(real(ctx, g))
-        grads[5] = None if grads[5] is None else torch.zeros_like(grads[5])
+        grads[8] = None if grads[8] is None else torch.zeros_like(grads[8])  # the bias (apply's 9th)
         return tuple(grads)
 
     monkeypatch.setattr(lean.Phase2, "_backward", staticmethod(dropped))
@@ -133,12 +134,12 @@ def test_gradcheck_of_phase_1(n, bias, masked):
     B, T, d, m = 2, 2, 4, 3
     values = [_rand(B, T, d, g=g) for _ in range(n)]
     inv = [_rand(B, T, g=g, positive=True) for _ in range(n)]
-    valid = torch.tensor([1.0] * (n - 1) + [0.0], dtype=F64) if masked else None
+    valid = torch.tensor([True] * (n - 1) + [False]) if masked else None
     q = _rand(m, d, g=g)
     b = _rand(m, n, g=g) if bias else None
 
     def f(q, b, *vi):  # μ is a detached shift: what is a function of the inputs is lse = μ + log s
-        *o, mx, s = lean.Phase1.apply((n, n == 1, False), q, b, valid, *vi)
+        *o, mx, s = lean.Phase1.apply(n, n == 1, False, q, b, valid, *vi)
         return (*o, mx + torch.log(s))
     assert torch.autograd.gradcheck(f, (q, b, *values, *inv))
 
@@ -153,7 +154,8 @@ def test_gradcheck_of_phase_2_with_the_gain_as_a_constant(K, layer_form):
     B, T, d = 2, 2, 4
     coefs = ((1, 1), (-1, 1), (1, -1))[:3]
     updates = [torch.randn(B, T, d, generator=g, dtype=F64) for _ in range(3)]
-    P, D = lean.rebuild(updates, coefs, range(K))
+    bits = coefficient_bits(list(coefs), 2)
+    P, D = lean.rebuild(updates, bits, range(K), 2)
     P, D = P.clone().requires_grad_(), [x.clone().requires_grad_() for x in D]
     o, mx = _rand(B, T, d, g=g), torch.randn(B, T, generator=g, dtype=F64)
     s, q = _rand(B, T, g=g, positive=True), _rand(d, g=g)
@@ -162,12 +164,12 @@ def test_gradcheck_of_phase_2_with_the_gain_as_a_constant(K, layer_form):
     if layer_form:
         kept = [torch.zeros_like(updates[0])] + updates
         coef_t = torch.tensor([(0, 0)] + list(coefs), dtype=F64)[:, :max(K, 1)]
-        meta, extra = (tuple(range(K)), None), coef_t
+        bits, extra = 0, coef_t
     else:
-        kept, meta, extra = updates, (tuple(range(K)), coefs), None
+        kept, extra = updates, None
 
     def f(o, s, q, bias, P, *D):
-        return lean.Phase2.apply(meta, o, mx, s, q, bias, c, extra, P, *D, *kept)
+        return lean.Phase2.apply(0, K, 2, bits, o, mx, s, q, bias, c, extra, P, *D, *kept)
     assert torch.autograd.gradcheck(f, (o, s, q, bias, P, *D))
 
 

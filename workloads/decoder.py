@@ -228,10 +228,12 @@ class Decoder(nn.Module):
     def _forward_regions(self, idx: Tensor, pos: Tensor | None) -> Tensor:
         r, reg = self.router, self.regions
         ckpt = self.cfg.grad_checkpoint and self.training and torch.is_grad_enabled()
-        state = r.region_begin(reg.init(r, self.embed, idx))
+        # the state crosses every region boundary packed (Router.region_pack: no NamedTuple)
+        state = r.region_pack(r.region_begin(r.region_unpack(reg.init(r, self.embed, idx))))
         for slot, f in zip(r.slots, self.sublayers):
             role = region_key(r, slot)
-            state = reg.sublayer(role)(role, r, f, state, r.region_params(state, slot), pos, ckpt)
+            params = r.region_params(r.region_unpack(state), slot)
+            state = reg.sublayer(role)(role, r, f, state, params, pos, ckpt)
         return reg.head(r, self.norm, self.lm_head, state, r.region_output_params())
 
     @contextlib.contextmanager
@@ -252,21 +254,23 @@ def region_key(router: Router, slot) -> tuple:
 
 
 def init_region(router: Router, embed: nn.Embedding, idx: Tensor):
-    """Region 1: the embedding and the router's region state."""
-    return router.region_init(embed(idx))
+    """Region 1: the embedding and the router's region state (packed)."""
+    return router.region_pack(router.region_init(embed(idx)))
 
 
 def sublayer_region(role: tuple, router: Router, f: nn.Module, state, params: tuple, pos: Tensor | None,
                     ckpt: bool):
-    """One region per role: the router's read, the sublayer, the router's write."""
+    """One region per role: the router's read, the sublayer, the router's write (the state in
+    and out packed, :meth:`Router.region_pack`)."""
+    state = router.region_unpack(state)
     h = router.region_read(state, role[1:], params)
     u = checkpoint(f, h, use_reentrant=False) if ckpt else f(h, pos)
-    return router.region_write(state, role[1:], params, u)
+    return router.region_pack(router.region_write(state, role[1:], params, u))
 
 
 def head_region(router: Router, norm: nn.Module, lm_head: nn.Module, state, params: tuple) -> Tensor:
     """The last region: the router's readout, the final RMSNorm and the LM head."""
-    return lm_head(norm(router.region_output(state, params)))
+    return lm_head(norm(router.region_output(router.region_unpack(state), params)))
 
 
 def _own_code(fn: Callable, name: str) -> Callable:

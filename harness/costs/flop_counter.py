@@ -139,6 +139,13 @@ def _index_put(self, indices, values, accumulate=False, *args, out_val=None, **k
     return values.numel() if accumulate else 0
 
 
+@_raw
+def _index_add(self, dim, index, source, *args, out_val=None, **kwargs) -> int:
+    """index_add (the backward of index_select, e.g. a read's detail bias): an add per source
+    element (1)."""
+    return source.numel()
+
+
 # --- contractions ------------------------------------------------------------------------------
 def _mm(a, b, *, out_val=None, **kw) -> int:
     """mm / bmm: 2 · output elements · K."""
@@ -215,8 +222,8 @@ def _ops(names: str) -> list:
 #: aten op (packet) → raw FlopCounterMode formula returning FLOP, per docs/FLOPS.md.
 FORMULAS: dict[Any, Formula] = {
     **{op: _elementwise(1) for op in _ops(
-        "mul mul_ div div_ neg pow sqrt rsqrt exp reciprocal maximum minimum floor_divide "
-        "eq ne lt le gt ge")},
+        "mul mul_ div div_ neg pow sqrt rsqrt exp log reciprocal maximum minimum floor_divide "
+        "eq ne lt le gt ge logical_not")},
     **{op: _add_sub for op in _ops("add add_ sub sub_ rsub")},
     aten.clamp: _clamp, aten.clamp_min: _elementwise(1), aten.clamp_max: _elementwise(1),
     **{op: _reduction for op in _ops("sum mean amax amin")},
@@ -234,6 +241,7 @@ FORMULAS: dict[Any, Formula] = {
     aten.gelu_backward: _gelu(11, 18),
     aten.embedding_dense_backward: _embedding_backward,
     **{op: _index_put for op in _ops("index_put index_put_ _index_put_impl_")},
+    **{op: _index_add for op in _ops("index_add index_add_")},
     **{op: _contraction(op) for op in CONTRACTIONS},
 }
 
@@ -242,7 +250,7 @@ FORMULAS: dict[Any, Formula] = {
 FREE_OPS = frozenset(_ops(
     "embedding view _unsafe_view reshape _reshape_alias view_as permute transpose t expand "
     "expand_as unsqueeze squeeze flatten unflatten unbind chunk split split_with_sizes "
-    "unsafe_split narrow slice select index index_select gather cat stack as_strided alias "
+    "unsafe_split narrow slice select index index_select gather cat stack constant_pad_nd as_strided alias "
     "detach clone contiguous _to_copy to _copy_from copy copy_ lift_fresh lift_fresh_copy "
     "new_zeros new_ones new_empty new_empty_strided new_full zeros zeros_like ones ones_like "
     "empty empty_like empty_strided full full_like fill fill_ zero_ arange scalar_tensor "

@@ -184,14 +184,15 @@ _FREE_OPS = (
     "Int", "ScalarImplicit", "size", "embedding", "view", "view_as", "reshape", "reshape_as",
     "permute", "transpose", "t", "contiguous", "expand", "expand_as", "unsqueeze", "squeeze",
     "flatten", "unflatten", "unbind", "chunk", "split", "split_with_sizes", "narrow", "slice",
-    "select", "index", "cat", "stack", "to", "type_as", "detach", "clone", "dropout",
+    "select", "index", "index_select", "pad", "constant_pad_nd", "cat", "stack", "to", "type_as",
+    "detach", "clone", "dropout", "mT", "movedim",
     "new_zeros", "new_ones", "new_empty", "zeros", "zeros_like", "ones", "ones_like", "arange")
 
 #: aten op → handle returning FMA, per docs/FLOPS.md. Every op the traced Decoder emits has one.
 HANDLES: dict[str, Handle] = {
     **{f"aten::{op}": _free for op in _FREE_OPS},
     **{f"aten::{op}": _elementwise(1) for op in (
-        "mul", "div", "neg", "square", "pow", "sqrt", "rsqrt", "exp", "floor_divide",
+        "mul", "div", "neg", "square", "pow", "sqrt", "rsqrt", "exp", "log", "floor_divide",
         "maximum", "minimum")},
     "aten::add": _add_sub, "aten::sub": _add_sub, "aten::rsub": _add_sub,
     "aten::clamp": _clamp, "aten::clamp_min": _elementwise(1), "aten::clamp_max": _elementwise(1),

@@ -62,8 +62,7 @@ def _check_width(d: int) -> None:
         raise ValueError(f"impl {NAME}: flash-attn-res needs a power-of-two width d, got {d}")
 
 
-def phase1(r, values: tuple[Tensor, ...], inv: tuple[Tensor, ...], block_slots: list,
-           kinds: tuple[int | None, ...]) -> tuple[Tensor, Tensor, Tensor]:
+def phase1(r, values: tuple[Tensor, ...], inv: tuple[Tensor, ...], block: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`routers.two_phase.phase1` through the package's phase 1 (IMPL.conventions).
 
     ``inv`` (our cached inverse RMS) is not used: the kernel recomputes it. Returns ``o`` in the
@@ -71,12 +70,12 @@ def phase1(r, values: tuple[Tensor, ...], inv: tuple[Tensor, ...], block_slots: 
     that μ + log s = lse, the form :func:`phase2` and ours merge.
     """
     from ..two_phase import queries
-    if r.detail_kinds or any(k is not None for k in kinds):
+    if r.detail_kinds:
         raise ValueError(f"impl {NAME}: no detail sources (block_attnres only)")
     phase_1, _ = _ops()
     V = torch.stack(tuple(values))                                    # (n, B, T, d)
     _check_width(V.shape[-1])
-    Q = queries(r, [s.index for s in block_slots]).contiguous()        # (m, d), key gain folded
+    Q = queries(r, r.plan.rows[block]).contiguous()                    # (m, d), key gain folded
     o, lse = phase_1.phase_1_batched_attention_triton_op(V, Q, EPS)
     mx = lse.detach()
     return o.to(V.dtype), mx, torch.exp(lse - mx)
@@ -90,7 +89,7 @@ def phase2(r, st, slot) -> Tensor:
     _, phase_2 = _ops()
     o, mx, s = st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos]
     lse = (mx + torch.log(s)).to(torch.float32).contiguous()
-    q = queries(r, [slot.index])[0].contiguous()
+    q = queries(r, slot.index).contiguous()
     P = st.partial.contiguous()
     _check_width(P.shape[-1])
     h = phase_2.phase_2_online_softmax_merge_triton_op(P, q, o.contiguous(), lse, EPS)
