@@ -243,7 +243,8 @@ class RunSpec:
                             case_timeout=sw.case_timeout or 900.0,
                             remeasure_s=60.0 if t.remeasure_s is None else t.remeasure_s,
                             max_attempts=t.max_attempts or 3,
-                            noise_thresholds=check_thresholds(t.noise_thresholds))
+                            noise_thresholds=check_thresholds(t.noise_thresholds),
+                            quiet=bool(self.output.quiet))
 
     def race_routers(self) -> list[str]:
         """The routers of the smoke race: prenorm and haares where selected, else the first two."""

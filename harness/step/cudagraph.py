@@ -7,7 +7,9 @@ MEASUREMENT.md, "CUDA graphs"):
    copied in with ``copy_`` and a different shape is an error, never a silent re-capture.
 2. Warm-up on a side stream (lazy initialisation, cuBLAS workspaces, autograd buffers).
 3. Pre-flight: one step under ``torch.cuda.set_sync_debug_mode("error")``, so a host sync (an
-   ``.item()``, a data-dependent shape) fails with its cause instead of breaking the capture.
+   ``.item()``, a data-dependent shape) fails with its cause instead of breaking the capture; a
+   failing one is run again under :func:`harness.step.guard.capture_findings`, whose findings
+   (file and line) the error adds.
 4. Capture of the whole step: ``fwd``, ``fwd_bwd``, ``decode`` (static KV cache) or
    ``train_step`` (forward, loss, backward and AdamW with ``capturable=True`` and a tensor LR).
    Gradients are set to None before the captured backward, so each replay writes them afresh.
@@ -23,6 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from .guard import capture_findings
 from .modes import make_optimizer, make_step
 
 
@@ -57,6 +60,10 @@ class StaticInputs:
 def preflight(step: Callable[[], object], device: torch.device) -> None:
     """Run ``step`` once with host syncs turned into errors (CUDA only; on CPU it just runs).
 
+    When it fails, the step is run once more under :func:`harness.step.guard.capture_findings`
+    and the message also names what would break the capture by file and line (that extra run
+    never hides the original error).
+
     Raises:
         CaptureError: the step synchronised with the host or failed, with the cause.
     """
@@ -68,10 +75,25 @@ def preflight(step: Callable[[], object], device: torch.device) -> None:
     try:
         step()
     except RuntimeError as exc:
-        raise CaptureError(f"pre-flight: the step synchronises with the host or fails: {exc}") from exc
+        torch.cuda.set_sync_debug_mode("default")
+        raise CaptureError(f"pre-flight: the step synchronises with the host or fails: {exc}"
+                           + _findings_of(step, device)) from exc
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize(device)
+
+
+def _findings_of(step: Callable[[], object], device: torch.device) -> str:
+    """What :func:`harness.step.guard.capture_findings` finds in ``step``, as text to append to an
+    error message (one line: a row's ``error`` stays one line); the empty string when it finds
+    nothing or fails itself."""
+    try:
+        findings = capture_findings(step, device)
+    except Exception:  # noqa: BLE001 - never mask the pre-flight's own error
+        return ""
+    if not findings:
+        return ""
+    return "; what would break the capture (harness.step.guard): " + "; ".join(map(str, findings))
 
 
 class GraphedStep:

@@ -46,6 +46,8 @@ class SweepOptions:
         noise_thresholds: the thresholds of :data:`harness.timing.noise.THRESHOLDS` to re-measure by.
         group_budget_bytes: a paired group estimated above this many bytes is split into
             subgroups that each hold prenorm (:func:`harness.sweep.plan.split_group`); None: never.
+        quiet: print nothing to stderr (the findings of a ``cudagraph`` case's capture pre-flight
+            on a device without CUDA, :func:`harness.sweep.prepare.capture_preflight`).
     """
 
     flops: bool = True
@@ -63,6 +65,7 @@ class SweepOptions:
     group_budget_s: float = 600.0
     min_pairs: int = 10
     max_rounds: int = 400
+    quiet: bool = False
 
 
 def timing_manifest(opts: "SweepOptions") -> dict[str, Any]:

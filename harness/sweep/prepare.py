@@ -4,8 +4,8 @@ pytest-benchmark suite (:mod:`harness.ci.pairbench`) and ``routerbench profile``
 "torch.compile").
 
 Per case, in separate passes (MEASUREMENT.md): parity of an impl other than ``naive``
-(:mod:`harness.sweep.parity`); the model; parameter counts; FLOPs and the router's cost models on
-the uncompiled model, once per router and shape (:mod:`harness.sweep.counts`); saved-activation
+(:mod:`harness.sweep.parity`); the model; parameter counts; FLOPs, the router's cost models and the
+ops per eager step on the uncompiled model, once per router and shape (:mod:`harness.sweep.counts`); saved-activation
 bytes (eager ``fwd_bwd``); the backend's set-up (compile time and graph breaks, or the CUDA-graph
 capture); CUDA peak memory in an untimed step; warm-up. A failing case becomes an ``error``,
 ``oom`` or ``skipped`` row, never an exception out of :func:`prepare_case`. The warm steps of a
@@ -15,6 +15,7 @@ group are then timed together (:mod:`harness.sweep.timed`).
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Protocol
@@ -26,7 +27,8 @@ from harness.rundir import faults
 from harness.rundir.writer import StagingWriter
 from harness.step import backends
 from harness.step.cudagraph import GraphedStep
-from harness.step.modes import make_step, prefill_for_decode
+from harness.step.guard import capture_findings
+from harness.step.modes import make_optimizer, make_step, prefill_for_decode
 from harness.timing.timer import warm_up
 from workloads.batches import synthetic_batch
 from workloads.decoder import Decoder, parameter_counts
@@ -109,6 +111,34 @@ def naive_twin(case: Case, model: Decoder) -> Decoder:
     return twin.to(next(model.parameters()).device)
 
 
+def capture_preflight(case: Case, device: torch.device, reason: str, quiet: bool = False) -> str:
+    """The ``error`` text of a ``cudagraph`` case on a device without CUDA: ``reason`` (nothing is
+    timed) and what would break its capture, found by running the step it would capture (its
+    mode's :func:`harness.step.modes.make_step`; ``train_step`` with a non-capturable AdamW) once
+    under :func:`harness.step.guard.capture_findings` on ``device`` (MEASUREMENT.md, "CUDA
+    graphs"), each finding by file and line, or ``no finding``. Unless ``quiet`` each finding is
+    also printed to stderr, one line each. Never raises: a step that fails is named in the text.
+    """
+    where = f"capture pre-flight on {device.type.upper()}"
+    try:
+        model = build_model(case, device)
+        x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
+                               seed=case.seed, device=device)
+        decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
+        optimizer = make_optimizer(model, capturable=False) if case.mode == "train_step" else None
+        step = make_step(model, case.mode, x, y, decode_input=decode_input, optimizer=optimizer)
+        findings = capture_findings(step, device)
+    except Exception as exc:  # the skipped row still says why nothing was timed
+        return f"{reason}, nothing timed; {where} failed: {type(exc).__name__}: {exc}"
+    if not findings:
+        return f"{reason}, nothing timed; {where}: no finding"
+    if not quiet:
+        for f in findings:
+            print(f"{where} ({case_label(case)} {case.mode}): {f}", file=sys.stderr)
+    n = f"{len(findings)} finding{'s' * (len(findings) > 1)}"
+    return f"{reason}, nothing timed; {where}: {n} would break the capture: " + "; ".join(map(str, findings))
+
+
 class Setup(NamedTuple):
     """How one case's set-up ended: ``status`` (``ok``, ``skipped``, ``error`` or ``oom``), its
     warm ``step`` when ``ok``, else the ``error`` text its ``step_time`` row holds."""
@@ -129,10 +159,13 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
     ``warmup``; its texts name the case as model ``k`` of the group's ``n``.
 
     Rows: ``parity_error`` (an impl other than naive), ``params_matrix`` / ``params_router``;
-    with ``count_flops`` the router's cost models and (``opts.flops``) its FLOPs; with
+    with ``count_flops`` the router's cost models, the ops of one eager step of the case's own
+    model (``ops_fwd``, ``ops_bwd``; on CUDA ``kernels_fwd_bwd``) and (``opts.flops``) its FLOPs; with
     ``opts.memory`` ``saved_activation`` (eager ``fwd_bwd``) and on CUDA ``peak_allocated`` /
     ``peak_reserved``; ``compile_time`` and ``graph_breaks`` (compile) or ``capture_time``
-    (cudagraph). A case that cannot run writes its ``step_time`` row with the reason.
+    (cudagraph). A case that cannot run writes its ``step_time`` row with the reason; a
+    ``cudagraph`` case without CUDA is still built and its step checked for what would break its
+    capture (:func:`capture_preflight`), which its ``skipped`` row names by file and line.
 
     Returns:
         :class:`Setup`: ``ok`` and the warm step, or ``skipped`` / ``error`` / ``oom`` and why.
@@ -143,7 +176,11 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
     def beat(stage: str, text: str) -> None:
         (heartbeat or no_beat)(stage, 1, text=text, case=case.key, k=k, n=n)
 
-    reason = backends.unavailable_reason(case.backend, case.compile_mode, device) or impl_unavailable(case, device)
+    reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
+    if reason and case.backend == "cudagraph" and impl_unavailable(case, device) is None:
+        beat("capture", f"checking {label} for what would break a CUDA-graph capture (no CUDA here)")
+        reason = capture_preflight(case, device, reason, quiet=opts.quiet)
+    reason = reason or impl_unavailable(case, device)
     if reason:
         w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
         return Setup("skipped", error=reason)
@@ -162,11 +199,12 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
         x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
                                seed=case.seed, device=device)
         if count_flops:
-            beat("count", f"counting {'FLOPs' if opts.flops else 'cost models'} of {label}")
+            beat("count", f"counting {'FLOPs, ' if opts.flops else ''}cost models and ops of {label}")
             # lean's FLOPs are its naive twin's (fvcore cannot see into its Functions); its state
             # and traffic models are its own (a peer kernel's traffic is opaque: its twin's)
             lean = getattr(model.router, "lean", False)
-            counts.count_case(case, naive_twin(case, model), x, w, opts.flops, costs_of=model if lean else None)
+            counts.count_case(case, naive_twin(case, model), x, w, opts.flops, costs_of=model if lean else None,
+                              ops_of=model, y=y)
             if opts.flops and lean:
                 counts.measure_recompute(case, model, x, w)
         if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
