@@ -15,8 +15,7 @@ from harness.rundir.records import aborted_summary
 from harness.timing import noise
 from routers import BASELINE
 
-from . import (conventions, count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures,
-               training, training_figures)
+from . import conventions, count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures, training, training_figures
 from .environment import environment_table
 from . import plotting as pl
 from .render import Section, table_blocks
@@ -144,9 +143,11 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
         _figure_block(figs.get("memory_vs_depth"), "memory_vs_depth",
                       "Saved activations and router state vs depth, as multiples of prenorm's (eager)"),
     ]
-    cost.blocks.append(("text", "Detail: unpaired medians (overhead = router median / prenorm median − 1 "
-                                "in the same run; the paired ratios are in the summary and the paired "
-                                "section)."))
+    cost.blocks.append(("text", "Detail: unpaired medians (overhead = router median / prenorm median − 1 in the same run; the paired ratios are in the "
+                                "summary and the paired section). ops fwd / bwd: the aten ops one eager forward and its backward dispatch (ops / prenorm: "
+                                "their sum over prenorm's; counts depend on the device and the torch version). On a GPU an eager step issues one kernel launch "
+                                "per op from Python: when the host is slower than the device the step takes the launch count × the host's cost per op, so "
+                                "eager ratios measure op counts, and graph replay and compile the device's cost."))
     cost.blocks += table_blocks(tables.overhead_table(df), "No timed cost cases.", drop=("variant",),
                                  split=("run_id", "workload", "mode", "backend", "compile_mode", "compile_scope"))
     cost.blocks += [("subtitle", "Throughput and MFU"), (

@@ -21,6 +21,8 @@ from .frame import (BASE_KEYS, CASE_KEYS, MIB, SHAPE_COLS, STATIC_KEYS, TO_MS, T
                     case_label, cost_rows, ok_rows, sort_cases)
 
 FLOP_CONVENTION = "FLOP = 2·FMA, causal attention not halved, see docs/FLOPS.md"
+#: Ops per step are counted once per router, impl and shape of a run, on its device and torch.
+OPS_KEYS = ("run_id", *STATIC_KEYS, "device")
 
 
 def _median(df: pd.DataFrame, metric: str, keys: Iterable[str], name: str) -> pd.DataFrame:
@@ -73,12 +75,14 @@ def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
         ``router_flop_pct`` (router FMA / forward FMA, %), ``saved_mib`` (saved activations),
         ``saved_ratio`` (to prenorm), ``router_state_mib``, ``state_ratio`` (router state over
         prenorm's at the same shape: about n for the n-stream routers), ``peak_mib`` (CUDA only),
-        ``params_matrix``, ``params_router``. One row per case with at least one ``ok`` number;
-        prenorm first within a shape.
+        ``ops_fwd`` and ``ops_bwd`` (ops one eager forward and its backward dispatch, counted
+        per router, impl and shape on the run's device), ``ops_ratio`` (their sum over
+        prenorm's), ``params_matrix``, ``params_router``. One row per case with at least one
+        ``ok`` number; prenorm first within a shape.
     """
     cols = [*CASE_KEYS, "median_ms", "iqr_ms", "n", "prenorm_ms", "overhead_pct", "gflop_fwd",
             "router_flop_pct", "saved_mib", "saved_ratio", "router_state_mib", "state_ratio", "peak_mib",
-            "params_matrix", "params_router"]
+            "ops_fwd", "ops_bwd", "ops_ratio", "params_matrix", "params_router"]
     cost = cost_rows(df)
     ok = cost[(cost["status"] == "ok") & cost["value"].notna()]
     keys = list(CASE_KEYS)
@@ -108,9 +112,14 @@ def overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     state = t[t["router"] == BASELINE].groupby(list(BASE_KEYS), dropna=False)["router_state_mib"].median()
     t = t.merge(state.rename("prenorm_state").reset_index(), on=list(BASE_KEYS), how="left")
     t["state_ratio"] = t["router_state_mib"] / t["prenorm_state"].astype(float)
-    for metric in ("params_matrix", "params_router"):
-        t = t.merge(_median(cost, metric, STATIC_KEYS, metric), on=list(STATIC_KEYS), how="left")
+    for metric, on in (("ops_fwd", OPS_KEYS), ("ops_bwd", OPS_KEYS), ("params_matrix", STATIC_KEYS),
+                       ("params_router", STATIC_KEYS)):
+        t = t.merge(_median(cost, metric, on, metric), on=list(on), how="left")
         t[metric] = t[metric].astype(float)
+    t["ops_step"] = t["ops_fwd"] + t["ops_bwd"]
+    ops = t[t["router"] == BASELINE].groupby(list(BASE_KEYS), dropna=False)["ops_step"].median()
+    t = t.merge(ops.rename("prenorm_ops").reset_index(), on=list(BASE_KEYS), how="left")
+    t["ops_ratio"] = t["ops_step"] / t["prenorm_ops"].astype(float)
 
     return sort_cases(t)[cols].reset_index(drop=True)
 

@@ -1,11 +1,13 @@
 """What a step costs, counted (DESIGN.md, "Layers"; MEASUREMENT.md; docs/FLOPS.md): FLOPs by
 fvcore (:mod:`harness.costs.flops`) and at dispatch (:mod:`harness.costs.flop_counter`), peak
 FLOP/s and MFU (:mod:`harness.costs.peak`), saved activations and CUDA memory
-(:mod:`harness.costs.memory`), measured traffic (:mod:`harness.costs.traffic`), the device's
+(:mod:`harness.costs.memory`), measured traffic (:mod:`harness.costs.traffic`), ops and kernel
+launches per eager step (:mod:`harness.costs.ops`), the device's
 memory bandwidth (:mod:`harness.costs.bandwidth`) and memory estimates made before a model is built
 (:mod:`harness.costs.estimate`). Each takes a model, a step or a shape; none knows a case.
 """
 
 #: What this package may import (DESIGN.md, "Layers"; checked by tests/test_layers.py). The
-#: bandwidth is timed as a step is (harness.timing) and recorded as its own unit (harness.rundir).
-MAY_IMPORT = ("routers", "workloads", "harness.rundir", "harness.timing")
+#: bandwidth is timed as a step is (harness.timing) and recorded as its own unit (harness.rundir);
+#: ops are counted on the step the sweep runs (harness.step: its loss and ``fwd_bwd`` step).
+MAY_IMPORT = ("routers", "workloads", "harness.rundir", "harness.step", "harness.timing")

@@ -1,6 +1,7 @@
 """What a case's router costs, counted on its uncompiled model once per router and shape: FLOPs by
 two paths (docs/FLOPS.md), the analytic FLOP and ideal I/O models beside the code of each router,
-its live state, and the traffic its eager ops measure (MEASUREMENT.md, "FLOPs").
+its live state, the traffic its eager ops measure (MEASUREMENT.md, "FLOPs"), and the ops (and on
+CUDA the kernel launches) of one eager step.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from harness.costs.flop_counter import count_flops_dispatch, recompute_counter
+from harness.costs.ops import count_kernel_launches, count_ops_step
 from harness.costs.traffic import router_bytes_moved
 from harness.rundir.writer import StagingWriter
 from workloads.decoder import Decoder
@@ -16,20 +18,56 @@ from .cases import Case
 
 
 def count_case(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter, flops: bool = True,
-               costs_of: Decoder | None = None) -> None:
-    """The router's cost models (:func:`measure_router_costs`, on ``costs_of`` when given) and,
+               costs_of: Decoder | None = None, ops_of: Decoder | None = None,
+               y: torch.Tensor | None = None) -> None:
+    """The router's cost models (:func:`measure_router_costs`, on ``costs_of`` when given), the
+    ops of one eager step (:func:`measure_ops`, on ``ops_of``, the case's own model, when given,
+    else ``costs_of`` or ``model``; targets ``y``, default ``x``; whatever ``flops`` says) and,
     with ``flops``, its FLOPs (:func:`measure_flops`) on ``model``: a count that fails is an
-    ``error`` row of its metric (``router_io_measured``, ``fwd_flops_fvcore``) and never stops the
-    case's timing."""
+    ``error`` row of its metric (``router_io_measured``, ``ops_fwd``, ``fwd_flops_fvcore``) and
+    never stops the case's timing."""
     cols = case.columns()
     own = model if costs_of is None else costs_of
     for what, fn in (("router_io_measured", lambda: measure_router_costs(case, own, w)),
+                     ("ops_fwd", lambda: measure_ops(case, ops_of or own, x, x if y is None else y, w)),
                      ("fwd_flops_fvcore", lambda: flops and measure_flops(case, model, x, w))):
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
             w.write(**cols, metric=what, status="error", error=f"not counted: {type(exc).__name__}: "
                     f"{str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def measure_ops(case: Case, model: Decoder, x: torch.Tensor, y: torch.Tensor, w: StagingWriter) -> None:
+    """Ops of one eager step of the case's uncompiled model at its shape, dtype and device
+    (:mod:`harness.costs.ops`; the model's grads, train flag and the RNG are left as they were).
+
+    Rows: ``ops_fwd`` and ``ops_bwd`` (count: aten ops dispatched by ``model(x)`` in train mode
+    and by the backward of the ``fwd_bwd`` loss), whatever the case's mode; on CUDA
+    ``kernels_fwd_bwd`` (count: the profiler's kernel launches of one ``fwd_bwd`` step). A count
+    that fails is an ``error`` row of its metric(s).
+    """
+    cols = case.columns()
+
+    def failed(metrics: tuple[str, ...], exc: Exception) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        for metric in metrics:
+            w.write(**cols, metric=metric, unit="count", status="error",
+                    error=f"not counted: {type(exc).__name__}: {text}")
+    try:
+        ops = count_ops_step(model, x, y)
+    except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
+        failed(("ops_fwd", "ops_bwd"), exc)
+    else:
+        w.write(**cols, metric="ops_fwd", value=ops["fwd"], unit="count")
+        w.write(**cols, metric="ops_bwd", value=ops["bwd"], unit="count")
+    try:
+        launches = count_kernel_launches(model, x, y)
+    except Exception as exc:  # noqa: BLE001
+        failed(("kernels_fwd_bwd",), exc)
+    else:
+        if launches is not None:  # CUDA only
+            w.write(**cols, metric="kernels_fwd_bwd", value=launches, unit="count")
 
 
 def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter) -> None:
