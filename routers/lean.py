@@ -130,22 +130,24 @@ class Phase1(torch.autograd.Function):
             logits = logits + bias.t().to(acc)
         if valid is not None:
             logits = logits.masked_fill(valid.logical_not().unsqueeze(-1), float("-inf"))
-        mx = logits.amax(dim=2, keepdim=True)                          # (B, T, 1, m)
-        p = torch.exp(logits - mx)
-        s = p.sum(dim=2, keepdim=True)
+        # μ and s reduce a (m, B, T, n) view: outputs of their own (not views; some torch
+        # versions mishandle a view marked non-differentiable), in the (m, B, T) layout
+        mx = logits.permute(3, 0, 1, 2).amax(dim=-1)                   # (m, B, T)
+        p = torch.exp(logits - mx.permute(1, 2, 0).unsqueeze(2))       # (B, T, n, m)
+        s = p.permute(3, 0, 1, 2).sum(dim=-1)                          # (m, B, T)
         ctx.n, ctx.alias, ctx.autocast = n, alias, _autocast_state(q)
-        # the backward's layout: (m, B, T, n) dots, (m, B, T) statistics (views, no copy)
-        stats = mx.squeeze(2).movedim(-1, 0), s.squeeze(2).movedim(-1, 0)
-        ctx.save_for_backward(q, bias, valid, dots.permute(3, 0, 1, 2), *stats, *values, *inv)
-        ctx.mark_non_differentiable(stats[0])
+        # the backward's layout: (m, B, T, n) dots (a view, no copy)
+        ctx.save_for_backward(q, bias, valid, dots.permute(3, 0, 1, 2), mx, s, *values, *inv)
+        ctx.mark_non_differentiable(mx)
         if alias:
-            return stats
+            return mx, s
         with torch.autocast(V.device.type, enabled=False):
-            o = torch.matmul((p / s).to(V.dtype).mT, V).movedim(2, 0)  # (m, B, T, d)
+            w = (p / s.permute(1, 2, 0).unsqueeze(2)).to(V.dtype)
+            o = torch.matmul(w.mT, V).movedim(2, 0)                    # (m, B, T, d)
         if contiguous:  # the layer scope: a region guards on the strides of its inputs, which must not
             o = o.contiguous()  # depend on the block
         o0 = o[0] if o.shape[0] == 1 else o[0].clone()
-        return o0, o[1:], *stats
+        return o0, o[1:], mx, s
 
     @staticmethod
     def backward(ctx, *grads):

@@ -178,12 +178,12 @@ def ctx_tensors(out: torch.Tensor) -> dict[str, list[str]]:
     """Per custom Function in ``out``'s graph (its class name), the ctx attributes that hold a
     tensor (directly or in a tuple or list): those bypass the saved-tensor hooks."""
     found: dict[str, list[str]] = {}
-    seen, stack = set(), [out.grad_fn]
+    seen, stack = {}, [out.grad_fn]  # id -> node: holding each node keeps its id from being reused
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         if isinstance(node, torch.autograd.function.BackwardCFunction):
             bad = [k for k, v in vars(node).items() if isinstance(v, torch.Tensor) or (
                 isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v))]
