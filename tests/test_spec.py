@@ -76,6 +76,8 @@ CLI_CASES = [
     (["run", "--warmup-s", "-1"], "--warmup-s must be >= 0"),
     (["run", "--no-paired", "--pair-order", "ABAB"], "--pair-order has no effect with --no-paired"),
     (["run", "--case-timeout", "5"], "--case-timeout needs --isolate"),
+    (["run", "--backends", "compile", "--compile-modes", "reduce-overhead", "--compile-scope", "layer"],
+     "--compile-modes reduce-overhead with --compile-scope layer"),
     (["run", "--no-train", "--train-steps", "5"], "--train-steps has no effect with --no-train"),
     (["run", "--backends", "eager", "--compile-modes", "default"], "--compile-modes has no effect"),
     (["run", "--backends", "eager", "--smallest-modes", "fwd"], "--smallest-modes has no effect"),

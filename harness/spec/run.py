@@ -149,6 +149,11 @@ class RunSpec:
                 raise ConfigError(f"{L('sweep.' + name)} has no effect: neither {L('sweep.backends')} nor "
                                   f"{L('sweep.smallest_backends')} names compile; drop it or add compile "
                                   f"to {L('sweep.backends')}")
+        if "reduce-overhead" in (sw.compile_modes or ()) and "layer" in (sw.compile_scope or ()):
+            raise ConfigError(f"{L('sweep.compile_modes')} reduce-overhead with {L('sweep.compile_scope')} "
+                              "layer: each compiled region would start a CUDA-graph-trees step that "
+                              "overwrites the regions before it; use --compile-scope model with "
+                              "reduce-overhead (or --backends cudagraph for a whole captured step)")
         if given(sw, "case_timeout") and not sw.isolate:
             raise ConfigError(f"{L('sweep.case_timeout')} needs --isolate (a hang can only be ended in a "
                               "subprocess); add --isolate or drop it")

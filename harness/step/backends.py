@@ -85,8 +85,14 @@ def prepare(model: nn.Module, backend: str, compile_mode: str | None,
     (:meth:`workloads.decoder.Decoder` ``.regions``); with ``"model"`` the compiled module.
 
     Raises:
-        ValueError: unknown backend or compile scope.
+        ValueError: unknown backend or compile scope, or ``reduce-overhead`` under the layer scope
+            (each region would start a CUDA-graph-trees step that overwrites the outputs of the
+            regions before it: the model scope or the ``cudagraph`` backend capture graphs).
     """
+    if backend == "compile" and compile_mode == "reduce-overhead" and compile_scope == "layer":
+        raise ValueError("--compile-modes reduce-overhead with --compile-scope layer: each compiled region "
+                         "would start a CUDA-graph-trees step that overwrites the regions before it; use "
+                         "--compile-scope model (or --backends cudagraph)")
     if backend in ("eager", "cudagraph"):  # cudagraph captures the eager step (harness.step.cudagraph)
         return Prepared(model)
     if backend == "compile":

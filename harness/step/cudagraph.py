@@ -19,6 +19,7 @@ MEASUREMENT.md, "CUDA graphs"):
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Callable
 
@@ -96,8 +97,25 @@ def _findings_of(step: Callable[[], object], device: torch.device) -> str:
     return "; what would break the capture (harness.step.guard): " + "; ".join(map(str, findings))
 
 
+def _graph_kwargs(api) -> dict:
+    """``check_input_liveness=True`` where this torch's ``graph`` takes it (it checks at capture
+    that every tensor the graph reads is alive); nothing on a torch without it."""
+    try:
+        params = inspect.signature(api.graph).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"check_input_liveness": True} if "check_input_liveness" in params else {}
+
+
 class GraphedStep:
     """A step of ``mode`` captured in a CUDA graph; calling it replays the graph.
+
+    Everything the graph reads lives as long as it may replay: the instance holds the model (its
+    parameters and gradients), the optimizer of ``train_step`` and so its state (moments, step
+    counts, the tensor LR), the static inputs, the step function and the stream it was captured
+    on. Each graph is captured on a stream of its own: graphs captured on one stream share that
+    stream's cuBLAS workspace, which the destruction of any of them frees under the others
+    (pytorch/pytorch#193402, an illegal memory access at a later replay).
 
     Args:
         model: the eager decoder on a CUDA device.
@@ -105,42 +123,48 @@ class GraphedStep:
         x, y: token ids (B, T); copied into static buffers.
         decode_input: (token, position) for ``decode`` (:func:`harness.step.modes.prefill_for_decode`).
         warmup: side-stream warm-up steps before the pre-flight and the capture.
+        optimizer: the optimizer of ``train_step`` (default: AdamW with ``capturable=True``,
+            :func:`harness.step.modes.make_optimizer`).
+        api: the CUDA-graph API (``torch.cuda``; a test double runs the protocol on a CPU).
 
     Attributes:
         capture_time_s: wall time of the capture (synchronised), seconds.
         static: the :class:`StaticInputs` (x, y) the graph reads; refill them to feed new data.
+        model, optimizer: what the graph reads (kept alive with it).
 
     Raises:
         CaptureError: no CUDA device, a host sync in the pre-flight, or a failed capture.
     """
 
     def __init__(self, model: nn.Module, mode: str, x: Tensor, y: Tensor,
-                 decode_input: tuple[Tensor, Tensor] | None = None, warmup: int = 3) -> None:
+                 decode_input: tuple[Tensor, Tensor] | None = None, warmup: int = 3,
+                 optimizer: torch.optim.Optimizer | None = None, api=torch.cuda) -> None:
         device = x.device
-        if device.type != "cuda" or not torch.cuda.is_available():
+        if api is torch.cuda and (device.type != "cuda" or not torch.cuda.is_available()):
             raise CaptureError("cudagraph needs a CUDA device")
         self.static = StaticInputs(x, y)
         sx, sy = self.static.buffers
-        optimizer = make_optimizer(model, capturable=True) if mode == "train_step" else None
-        if decode_input is not None:
-            decode_input = StaticInputs(*decode_input).buffers
-        step = make_step(model, mode, sx, sy, decode_input=decode_input, optimizer=optimizer)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        if mode == "train_step" and optimizer is None:
+            optimizer = make_optimizer(model, capturable=True)
+        self.model, self.optimizer = model, optimizer
+        self.decode_input = None if decode_input is None else StaticInputs(*decode_input).buffers
+        self.step = make_step(model, mode, sx, sy, decode_input=self.decode_input, optimizer=optimizer)
+        self.stream = api.Stream(device)          # warm-up and capture, this graph's own
+        self.stream.wait_stream(api.current_stream(device))
+        with api.stream(self.stream):
             for _ in range(warmup):
-                step()
-        torch.cuda.current_stream(device).wait_stream(side)
-        preflight(step, device)
-        self.graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(device)
+                self.step()
+        api.current_stream(device).wait_stream(self.stream)
+        preflight(self.step, device)
+        self.graph = api.CUDAGraph()
+        api.synchronize(device)
         t0 = time.perf_counter()
         try:
-            with torch.cuda.graph(self.graph):
-                self.output = step()
+            with api.graph(self.graph, stream=self.stream, **_graph_kwargs(api)):
+                self.output = self.step()
         except Exception as exc:
             raise CaptureError(f"capture of mode {mode} failed: {type(exc).__name__}: {exc}") from exc
-        torch.cuda.synchronize(device)
+        api.synchronize(device)
         self.capture_time_s = time.perf_counter() - t0
 
     def __call__(self) -> Tensor:
