@@ -53,7 +53,9 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
     if cost.empty:
         return pd.DataFrame(columns=COLUMNS)
     st = frame.ok_rows(cost, "step_time")
-    med = (st.assign(value=st["value"] * st["unit"].map(frame.TO_MS).fillna(1.0))
+    # with no ok timing at all (a cudagraph-only run on a CPU) the empty unit column maps to no float
+    scale = st["unit"].map(frame.TO_MS).astype(float).fillna(1.0)
+    med = (st.assign(value=st["value"].astype(float) * scale)
            .groupby([*CASE, "impl"], dropna=False)["value"].median().rename("median_ms").reset_index())
     par = cost[cost["metric"] == "parity_error"]
     par = par.groupby([*CASE, "impl"], dropna=False).agg(

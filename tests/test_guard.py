@@ -236,6 +236,9 @@ def test_a_cudagraph_case_on_a_cpu_names_what_would_break_its_capture(tmp_path, 
     assert "no CUDA device" in clean and "capture pre-flight on CPU: no finding" in clean, clean
     err = capsys.readouterr().err
     assert where in err and "prenorm" not in err
+    # a run that timed nothing still gets its report, which names the finding (it crashed once)
+    from reports.report import build_report
+    assert where in build_report([tmp_path])["report.md"].read_text()
 
 
 def test_the_findings_stay_off_stderr_when_quiet(tmp_path, planted_router, capsys):
@@ -270,3 +273,36 @@ def test_a_failing_cuda_preflight_names_the_file_and_line():
         preflight(lambda: t.sum().item(), torch.device("cuda"))  # PLANT:cuda_item
     assert "synchronises with the host" in str(err.value)
     assert f"{HERE}:{line_of('PLANT:cuda_item')}: host sync" in str(err.value)
+
+
+def test_a_script_outside_the_checkout_is_named_by_its_absolute_path(tmp_path):
+    """A researcher's own step, in a file anywhere: the finding names that file and line."""
+    import importlib.util
+    script = tmp_path / "mystep.py"
+    script.write_text("import torch\nt = torch.randn(4)\n\n\ndef step():\n    return t[[0, 1]]\n")
+    spec = importlib.util.spec_from_file_location("mystep", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (f,) = capture_findings(mod.step)
+    assert (f.kind, f.file, f.line) == ("list_index", str(script.resolve()), 6)
+
+
+def test_a_cudagraph_only_run_on_a_cpu_says_why_and_still_reports(tmp_path):
+    """The command a researcher without a GPU types to see what would break a capture: it ends
+    with each skip reason on the terminal and writes its report (whose implementations table once
+    crashed on a run with no timing at all)."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the cases are captured, not skipped")
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    res = CliRunner().invoke(main, [
+        "run", "--routers", "prenorm,block_attnres", "--impls", "naive,two_phase", "--backends", "cudagraph",
+        "--widths", "16", "--depths", "2", "--n-heads", "2", "--seq-len", "8", "--batch-size", "2",
+        "--modes", "fwd_bwd", "--no-train", "--no-flops", "--repeats", "3", "--quiet", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "cost sweep: 0 resumed, 3 skipped" in res.output
+    assert "skipped (3): cudagraph captures CUDA work: no CUDA device here, nothing timed; capture " \
+           "pre-flight on CPU: no finding" in res.output
+    (report,) = tmp_path.glob("*/*/report.md")
+    assert "capture pre-flight on CPU: no finding" in report.read_text()

@@ -74,11 +74,28 @@ def run_cmd(config, dry_run, **cli) -> None:
         record_bandwidth(run.writer, run.device, opts.timing)  # once per run: the floor's bandwidth
         stats = run_sweep(cases, run.device, run.writer, opts, progress=not spec.output.quiet)
         click.echo("cost sweep: " + (", ".join(f"{n} {status}" for status, n in stats.items()) or "nothing to do"))
+        if stats.get("skipped"):
+            skip_reasons(run.dir)
         if runs:
             train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race")
         if spec.output.report:
             write_report([run.dir])
     run.finish(started)
+
+
+def skip_reasons(run_dir, most: int = 3) -> None:
+    """Why cases were skipped, on the terminal: each distinct reason of the run's ``skipped``
+    ``step_time`` rows (a ``cudagraph`` case on a CPU names what would break its capture there)
+    with its count, the most frequent first, at most ``most`` of them."""
+    from collections import Counter
+
+    from harness.rundir.records import load_rows
+    why = Counter(r.get("error") or "?" for r in load_rows([run_dir])
+                  if r.get("metric") == "step_time" and r.get("status") == "skipped")
+    for reason, n in why.most_common(most):
+        click.echo(f"  skipped ({n}): {reason}")
+    if len(why) > most:
+        click.echo(f"  skipped: {len(why) - most} more reason(s) in the report's warnings")
 
 
 COMMANDS = (run_cmd,)

@@ -21,7 +21,8 @@ Kinds of :class:`Finding`:
 
 A finding is placed at the innermost frame of the stack that belongs to the project (a file under
 the repository root, outside hidden folders such as ``.venv/``, and not this module), path relative
-to the root; the stack is walked only for a suspicious op. An op of the backward is seen too (the
+to the root, or to a script of the caller's outside the checkout (any file outside Python's library
+folders and site-packages), its absolute path; the stack is walked only for a suspicious op. An op of the backward is seen too (the
 dispatch mode sees the ops of autograd's backward and of custom ``autograd.Function`` s) and says
 which backward node ran it; an autograd-made backward has no frame of its own, so it is placed at
 the project line that called ``backward()``. Ops of ``torch.optim`` are left out
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -52,6 +54,9 @@ NO_FRAME = "<no project frame>"
 
 _SELF = os.path.abspath(__file__)
 _ROOT = str(ROOT) + os.sep
+#: Python's own library folders: a frame there is never the project's nor a user's script
+_LIBRARY = tuple(sorted({os.path.abspath(p) + os.sep for k, p in sysconfig.get_paths().items()
+                         if k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 _aten = torch.ops.aten
 _INDEXING = {torch.Tensor.__getitem__: "__getitem__", torch.Tensor.__setitem__: "__setitem__"}
 _FACTORIES = {f: n for n in ("tensor", "as_tensor", "asarray", "from_numpy", "frombuffer", "arange", "range",
@@ -112,10 +117,15 @@ def _project_path(filename: str) -> str | None:
         pass
     rel = None
     path = os.path.abspath(filename)
-    if not filename.startswith("<") and path != _SELF and path.startswith(_ROOT):
-        parts = path[len(_ROOT):].split(os.sep)
-        if not parts[0].startswith(".") and "site-packages" not in parts and "dist-packages" not in parts:
-            rel = "/".join(parts)
+    if not filename.startswith("<") and path != _SELF:
+        parts = path.split(os.sep)
+        library = "site-packages" in parts or "dist-packages" in parts or path.startswith(_LIBRARY)
+        if path.startswith(_ROOT):
+            inside = path[len(_ROOT):].split(os.sep)
+            if not inside[0].startswith(".") and not library:
+                rel = "/".join(inside)
+        elif not library:  # a researcher's own script outside the checkout: its absolute path
+            rel = path
     _paths[filename] = rel
     return rel
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Protocol
 
 import torch
+from tqdm import tqdm
 
 from harness.costs.memory import cuda_peak_memory, model_tensors, saved_activation_bytes
 from harness.rundir import faults
@@ -134,7 +135,8 @@ def capture_preflight(case: Case, device: torch.device, reason: str, quiet: bool
         return f"{reason}, nothing timed; {where}: no finding"
     if not quiet:
         for f in findings:
-            print(f"{where} ({case_label(case)} {case.mode}): {f}", file=sys.stderr)
+            # above a progress bar that may be drawing, on a line of its own
+            tqdm.write(f"{where} ({case_label(case)} {case.mode}): {f}", file=sys.stderr)
     n = f"{len(findings)} finding{'s' * (len(findings) > 1)}"
     return f"{reason}, nothing timed; {where}: {n} would break the capture: " + "; ".join(map(str, findings))
 
