@@ -229,14 +229,47 @@ def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str,
     return text + "".join(f" ({f})" for f in flags)
 
 
-def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False) -> str:
+def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
+                  labels: list[tuple[str, str]] | None = None, host_bound: float = 0.8) -> str:
     """One sentence of a :func:`reports.summary.cost_summary` row, e.g. "haares two_phase over
     prenorm at d=256, 12 layers, T=256, B=4, fwd_bwd: +36 % eager [CI 29 to 41 %]; +16 % compiled
     [CI 10 to 21 %]; 1.40× the saved activations."; with ``run``, it starts with the row's
-    ``run_id`` ("In run X, …")."""
-    parts = [p for p in (_pct(r["eager_ratio"], r["eager_lo"], r["eager_hi"], r["eager_noisy"], "eager", tolerance),
-                         _pct(r["compile_ratio"], r["compile_lo"], r["compile_hi"], r["compile_noisy"],
-                              "compiled", tolerance)) if p]
+    ``run_id`` ("In run X, …").
+
+    ``labels``: (column prefix, word) of each backend to quote, in order (default eager, then
+    compiled); each ratio is followed by its ``(12.3× floor)`` where the row has a ``<prefix>_floor``.
+    On a ``cuda`` row whose ``busy_share`` is below ``host_bound`` the eager ratio is flagged
+    ``(host-bound: the GPU was busy 36 % of the step)`` and the sentence says which ratio measures
+    the router's device cost (graph replay, else compiled, else that none was timed)."""
+    labels = labels or [("eager", "eager"), ("compile", "compiled")]
+
+    def num(x) -> float:
+        return float("nan") if x is None else x
+
+    def ok(x) -> bool:
+        return x is not None and x == x
+
+    busy = r.get("busy_share")
+    flagged = (str(r.get("device") or "").startswith("cuda") and ok(busy) and busy < host_bound
+               and ok(r.get("eager_ratio")))
+    parts, quoted = [], []
+    for key, word in labels:
+        p = _pct(num(r.get(f"{key}_ratio")), num(r.get(f"{key}_lo")), num(r.get(f"{key}_hi")),
+                 r.get(f"{key}_noisy"), word, tolerance)
+        if not p:
+            continue
+        quoted.append(key)
+        if key == "eager" and flagged:
+            p += f" (host-bound: the GPU was busy {busy * 100:.0f} % of the step)"
+        if ok(r.get(f"{key}_floor")):
+            p += f" ({r[f'{key}_floor']:.1f}× floor)"
+        parts.append(p)
+    if flagged:
+        device = [w for k, w in labels if k in quoted and k != "eager"]
+        device.sort(key=lambda w: w != "graph replay")
+        parts.append(f"{device[0]} measures the router's device cost, eager mostly host overhead"
+                     if device else "no graph-replay or compiled ratio was timed for it, so its "
+                     "device cost is not measured here")
     if r.get("saved_ratio") == r.get("saved_ratio") and r.get("saved_ratio") is not None:
         parts.append(f"{r['saved_ratio']:.2f}× the saved activations")
     return ((f"In run {r['run_id']}, " if run else "") + f"{r['router']} {r['impl']} over prenorm at d={r['d_model']}, {r['n_layers']} layers, "

@@ -4,12 +4,17 @@ The summary is built from paired statistics only (MEASUREMENT.md, "Noise on shar
 the overhead over ``prenorm`` is the per-pair ratio of :func:`reports.paired.paired_ratio_table`
 with its bootstrap interval, eager and compiled each from its own interleaved group; the saved
 activations come from :func:`reports.tables.overhead_table` (a count, not a timing). Per router and
-impl the row is taken at the largest shape (width, then depth) of the heaviest mode timed
-(``train_step``, else ``fwd_bwd``, else ``fwd``). A ratio whose interval is wider than
+impl the row is taken in the mode where the most backends (eager, compile per scope, cudagraph)
+were timed, then one where the run has graph-replay rows, then the heaviest (``train_step``, else
+``fwd_bwd``, else ``fwd``), at its largest shape (width, then depth); the sentence quotes every
+backend timed there, each with its × floor (:mod:`reports.floor`) where the run measured a
+bandwidth. On CUDA an eager ratio whose step kept the GPU busy less than
+:data:`reports.busy.HOST_BOUND` of the time (:func:`reports.busy.busy_shares`, from the same run's
+graph rows; nothing said without them) is flagged host-bound. A ratio whose interval is wider than
 :data:`TOLERANCE` (relative to the ratio) is flagged "imprecise" beside its number and CI (never
 withheld); a ratio from a noisy group says so. Runs read together are summarised each on its own (a ``run_id`` column and
-the run named in each sentence): their timings were never paired. Where several compile scopes ran, the compiled ratio is the default
-scope's (``model``); the report's "Compile scopes" table compares the two.
+the run named in each sentence): their timings were never paired. Where several compile scopes ran, each is quoted (the default
+scope's, ``model``, in the ``compile_*`` columns); the report's "Compile scopes" table compares them.
 """
 
 from __future__ import annotations
@@ -18,21 +23,28 @@ import pandas as pd
 
 from harness.step.backends import DEFAULT_COMPILE_SCOPE
 
-from . import frame, paired, tables
+from . import busy, floor, frame, paired, tables
 from .sentences import cost_sentence
 
 #: Widest interval, relative to its ratio ((hi − lo) / ratio), that is still quoted as a number.
 TOLERANCE = 0.25
 MODES = ("train_step", "fwd_bwd", "fwd")
 METHOD = ("Each sentence quotes the row of the table below: the per-pair step-time ratio to prenorm "
-          "(median of the pairs, 95 % bootstrap CI) of the interleaved eager group and of the compiled "
-          "group, at the largest shape of the heaviest mode timed, and the saved activations as a "
-          f"multiple of prenorm's. A ratio whose CI is wider than {TOLERANCE:.0%} of it is flagged "
+          "(median of the pairs, 95 % bootstrap CI) of each backend timed (eager, compiled per scope, "
+          "graph replay), each from its own interleaved group, in the mode where the most backends "
+          "were timed (then one with graph-replay rows, then the heaviest) at its largest shape, with "
+          "'× floor' (the physical floor section) where a bandwidth was measured, and the saved "
+          "activations as a multiple of prenorm's. On a GPU, an eager ratio is flagged 'host-bound' "
+          "when prenorm's graph-replayed step over its eager step (same mode and shape) is below "
+          "80 %: the GPU idled waiting for Python, so the eager ratio measures host overhead and graph "
+          f"replay or compile the router's device cost. A ratio whose CI is wider than {TOLERANCE:.0%} of it is flagged "
           "'imprecise', one timed on a busy machine 'noisy group'; unpaired medians are in the detail "
           "tables below.")
-COLUMNS = ["run_id", "router", "impl", "mode", "d_model", "n_layers", "seq_len", "batch_size",
-           "eager_ratio", "eager_lo", "eager_hi", "eager_noisy", "compile_ratio", "compile_lo",
-           "compile_hi", "compile_noisy", "saved_ratio"]
+COLUMNS = ["run_id", "router", "impl", "mode", "device", "d_model", "n_layers", "seq_len", "batch_size",
+           "eager_ratio", "eager_lo", "eager_hi", "eager_noisy", "eager_floor", "busy_share",
+           "compile_ratio", "compile_lo", "compile_hi", "compile_noisy", "compile_floor",
+           "cudagraph_ratio", "cudagraph_lo", "cudagraph_hi", "cudagraph_noisy", "cudagraph_floor",
+           "saved_ratio"]
 
 
 #: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).
@@ -41,46 +53,89 @@ COLUMN_STYLE = {
     "eager_hi": ("eager CI high", "{:.3f}"), "eager_noisy": ("eager noisy", None),
     "compile_ratio": ("compiled / prenorm (×)", "{:.3f}"), "compile_lo": ("compiled CI low", "{:.3f}"),
     "compile_hi": ("compiled CI high", "{:.3f}"), "compile_noisy": ("compiled noisy", None),
+    "cudagraph_ratio": ("graph replay / prenorm (×)", "{:.3f}"),
+    "cudagraph_lo": ("graph replay CI low", "{:.3f}"), "cudagraph_hi": ("graph replay CI high", "{:.3f}"),
+    "cudagraph_noisy": ("graph replay noisy", None), "eager_floor": ("eager × floor", "{:.1f}"),
+    "compile_floor": ("compiled × floor", "{:.1f}"), "cudagraph_floor": ("graph replay × floor", "{:.1f}"),
+    "busy_share": ("GPU busy (eager, share of step)", "{:.2f}"),
 }
 
 
-def _pick(t: pd.DataFrame) -> pd.DataFrame:
-    """Of each router and impl, the rows at the heaviest mode and largest shape it was timed at."""
-    t = t.assign(_m=t["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES)))
-    t = t.sort_values(["_m", "d_model", "n_layers"], ascending=[True, False, False], kind="stable")
+def _label(backend: str, scope, several_scopes: bool, keep) -> tuple[str, str]:
+    """The column prefix and the sentence's word for one backend (and compile scope)."""
+    if backend == "cudagraph":
+        return "cudagraph", "graph replay"
+    if backend == "compile":
+        if scope == keep or scope != scope or scope is None:
+            return "compile", f"compiled ({keep} scope)" if several_scopes else "compiled"
+        return f"compile_{scope}", f"compiled ({scope} scope)"
+    return backend, backend
+
+
+def _pick(t: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
+    """Of each run, router and impl, the mode where the most backends were timed (then one whose
+    busy share is known from graph rows, then the heaviest), and in it the largest shape (width,
+    then depth): one row per key with ``mode`` and the shape."""
     keys = ["run_id", "router", "impl"]
-    first = t.drop_duplicates(keys)[[*keys, "mode", "d_model", "n_layers"]]
-    return t.merge(first, on=[*keys, "mode", "d_model", "n_layers"])
+    per_mode = t.groupby([*keys, "mode"])["_key"].nunique().rename("_n").reset_index()
+    graphed = set(busy["mode"].astype(str) + "|" + busy["run_id"].astype(str)) if not busy.empty else set()
+    per_mode["_g"] = [f"{m}|{r}" in graphed for m, r in zip(per_mode["mode"], per_mode["run_id"])]
+    per_mode["_m"] = per_mode["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES))
+    mode = (per_mode.sort_values(["_n", "_g", "_m"], ascending=[False, False, True], kind="stable")
+            .drop_duplicates(keys)[[*keys, "mode"]])
+    t = t.merge(mode, on=[*keys, "mode"])
+    t = t.sort_values(["d_model", "n_layers"], ascending=[False, False], kind="stable")
+    return t.drop_duplicates(keys)[[*keys, "mode", *frame.SHAPE_COLS, "device"]]
 
 
 def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run, router and impl (prenorm excluded): :data:`COLUMNS`; ratios are router /
-    prenorm (×), NaN where that backend was not paired at that shape."""
+    """One row per run, router and impl (prenorm excluded): :data:`COLUMNS`, then the ratio, CI,
+    noise and floor columns of any further compile scope (``compile_<scope>_ratio``, ...) and
+    ``attrs["labels"]`` (the sentence's (prefix, word) per backend, in order); ratios are router / prenorm
+    (×), NaN where that backend was not paired at that shape; ``*_floor`` is the × floor of
+    :func:`reports.floor.floor_table` (NaN without a bandwidth row or a byte floor); ``busy_share``
+    the :func:`reports.busy.busy_shares` of the row's mode and shape (NaN without graph rows)."""
     pt = paired.paired_ratio_table(df)
     if pt.empty:
         return pd.DataFrame(columns=COLUMNS)
-    pt = pt[pt["mode"].isin(MODES)]
-    if "compile_scope" in pt:  # one compiled figure per row: the default scope's where several ran
-        scopes = pt.loc[pt["backend"] == "compile", "compile_scope"].dropna().unique()
-        keep = DEFAULT_COMPILE_SCOPE if DEFAULT_COMPILE_SCOPE in scopes else (sorted(scopes) or [None])[0]
-        pt = pt[(pt["backend"] != "compile") | (pt["compile_scope"] == keep)]
-    eager = _pick(pt[pt["backend"] == "eager"]) if (pt["backend"] == "eager").any() else _pick(pt)
+    pt = pt[pt["mode"].isin(MODES)].copy()
+    if pt.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    scope = pt["compile_scope"] if "compile_scope" in pt else pd.Series(None, index=pt.index)
+    scopes = sorted(scope[pt["backend"] == "compile"].dropna().unique())
+    keep = DEFAULT_COMPILE_SCOPE if DEFAULT_COMPILE_SCOPE in scopes else (scopes or [None])[0]
+    labels = [_label(b, s, len(scopes) > 1, keep) for b, s in zip(pt["backend"], scope)]
+    pt["_key"] = [k for k, _ in labels]
+    order = {"eager": 0, "compile": 1, "cudagraph": 3}
+    words = sorted(set(labels), key=lambda kw: (order.get(kw[0], 2), kw[0]))
+    fl = floor.floor_table(df, paired=pt.drop(columns="_key"))
+    pt["_floor"] = fl["over_floor"].to_numpy() if len(fl) == len(pt) else float("nan")
+    busy_t = busy.busy_shares(pt)
+    chosen = _pick(pt, busy_t)
     keys = ["run_id", "router", "impl", "mode", *frame.SHAPE_COLS]
-    out = eager[keys].copy()
-    for backend in ("eager", "compile"):
-        b = pt[pt["backend"] == backend][[*keys, "ratio", "ratio_lo", "ratio_hi", "noisy"]]
-        b = b.drop_duplicates(keys).rename(columns={"ratio": f"{backend}_ratio", "ratio_lo": f"{backend}_lo",
-                                                    "ratio_hi": f"{backend}_hi", "noisy": f"{backend}_noisy"})
+    out = chosen.copy()
+    for key, _ in words:
+        b = pt[pt["_key"] == key][[*keys, "ratio", "ratio_lo", "ratio_hi", "noisy", "_floor"]]
+        b = b.drop_duplicates(keys).rename(columns={"ratio": f"{key}_ratio", "ratio_lo": f"{key}_lo",
+                                                    "ratio_hi": f"{key}_hi", "noisy": f"{key}_noisy",
+                                                    "_floor": f"{key}_floor"})
         out = out.merge(b, on=keys, how="left")
+    if not busy_t.empty:
+        out = out.merge(busy_t, on=busy.KEYS, how="left")
     ov = tables.overhead_table(df)
     if not ov.empty:
         ov = ov[ov["backend"] == "eager"][[*keys, "saved_ratio"]].drop_duplicates(keys)
         out = out.merge(ov, on=keys, how="left")
-    return out.reindex(columns=COLUMNS).reset_index(drop=True)
+    extra = [f"{k}_{c}" for k, _ in words if k not in ("eager", "compile", "cudagraph")
+             for c in ("ratio", "lo", "hi", "noisy", "floor")]
+    out = out.reindex(columns=[*COLUMNS, *extra]).reset_index(drop=True)
+    out.attrs["labels"] = words
+    return out
 
 
 def cost_sentences(df: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
     """The summary sentences and the table they quote."""
     t = cost_summary(df)
     several = t["run_id"].nunique() > 1
-    return [cost_sentence(r, TOLERANCE, run=several) for r in t.to_dict("records")], t
+    labels = t.attrs.get("labels") or [("eager", "eager"), ("compile", "compiled")]
+    return [cost_sentence(r, TOLERANCE, run=several, labels=labels) for r in t.to_dict("records")], t
