@@ -100,8 +100,17 @@ def train_cmd(config, dry_run, **cli) -> None:
         distributed.shutdown()  # every rank raised it (the checks see the same values everywhere)
         if distributed.env_rank() == 0:
             raise
-        sys.exit(2)  # rank 0 alone says so (one line); every rank exits 2
+        # rank 0 alone says so (one line); every rank exits 2. torchrun ends the other workers as
+        # soon as one exits, so a rank that got here first waits for rank 0 to print its line
+        # (torchrun stops it then; on its own it exits 2 after RANK_EXIT_WAIT_S)
+        time.sleep(RANK_EXIT_WAIT_S)
+        sys.exit(2)
     distributed.shutdown()
+
+
+#: Seconds a rank other than 0 waits before exiting 2 on a bad option, so that rank 0's one line
+#: comes out before torchrun stops the workers.
+RANK_EXIT_WAIT_S = 10.0
 
 
 def _train(config, cli, dry_run: bool = False) -> None:
