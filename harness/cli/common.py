@@ -233,9 +233,13 @@ class Run:
 
         ``keys`` gives the case keys the command will complete (to say "N of M done"). An
         interrupt prints ``interrupted: N of M done; resume with: <command>`` and exits 130
-        (SIGINT) or 143 (SIGTERM); a full disk exits 1 with one ``routerbench: error:`` line.
+        (SIGINT) or 143 (SIGTERM); a full disk exits 1 with one ``routerbench: error:`` line; a
+        sticky device error (:class:`harness.step.device_errors.DeviceContextLost`, its case already
+        an ``error`` row) exits 75 (:data:`harness.cli.supervise.EXIT_DEVICE_LOST`), for the
+        supervisor to resume the run in a new process.
         """
         from harness.rundir.writer import DiskFullError
+        from harness.step.device_errors import DeviceContextLost
         try:
             with interruptible():
                 yield
@@ -243,10 +247,14 @@ class Run:
             self._stop("interrupted", keys, 128 + exc.signum)
         except DiskFullError as exc:
             self._stop(f"routerbench: error: {exc.strerror}", keys, 1)
+        except DeviceContextLost as exc:  # the case is an error row; nothing more can run here
+            from .supervise import EXIT_DEVICE_LOST, supervised_child
+            self._stop(f"routerbench: a sticky device error: {exc}", keys, EXIT_DEVICE_LOST,
+                       then="the supervisor resumes the run in a new process" if supervised_child() else None)
         finally:
             self.writer.close()
 
-    def _stop(self, what: str, keys: Callable[[], Iterable[str]], code: int) -> None:
+    def _stop(self, what: str, keys: Callable[[], Iterable[str]], code: int, then: str | None = None) -> None:
         try:
             k = list(keys())
             done = sum(1 for c in k if c in self.writer.completed)
@@ -256,7 +264,7 @@ class Run:
         # on a fresh line: a progress bar may hold the current one; under torchrun rank 0 alone
         # speaks (another rank's run id, made up from its own pid, names no directory)
         if os.environ.get("RANK", "0") == "0":
-            click.echo(f"\n{what}: {counts}; resume with: {self.resume_command()}", err=True)
+            click.echo(f"\n{what}: {counts}; {then or 'resume with: ' + self.resume_command()}", err=True)
         sys.exit(code)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import click
 
@@ -12,9 +14,10 @@ from harness.sweep.options import timing_manifest
 from . import SHORT_HELP
 from ..spec import RunSpec
 from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
-from .common import Run, load_spec, spec_options
+from .common import DEFAULT_OUT, Run, load_spec, spec_options
 from .forecast import EMBEDDED_VOCAB, calibrate, corpus_vocab, dry_run_option, plan_run
 from .report import write_report
+from .supervise import supervise, supervised_child
 from .train import corpus_info, load_corpus, plan, train_runs
 
 
@@ -38,6 +41,8 @@ def run_cmd(config, dry_run, **cli) -> None:
 
     spec, labels = load_spec(RunSpec, cli, config)
     cases = spec.cases()
+    if spec.sweep.supervise and not dry_run and not supervised_child():  # before any CUDA call here
+        sys.exit(_supervise(spec, len(cases)))
     device = torch.device(spec.output.device)
     budget = int(MEMORY_FRACTION * available_bytes(device))  # a group must fit in half the free memory
     opts = replace(spec.sweep_options(), group_budget_bytes=budget)
@@ -81,6 +86,18 @@ def run_cmd(config, dry_run, **cli) -> None:
         if spec.output.report:
             write_report([run.dir])
     run.finish(started)
+
+
+def _supervise(spec, n_cases: int) -> int:
+    """``--supervise``: this command in a child process, resumed in a new one after each sticky
+    device error (:mod:`harness.cli.supervise`); its exit status."""
+    import torch
+
+    from harness.rundir.environment import device_slug, new_run_id
+    out = spec.output.out or DEFAULT_OUT
+    run_id = spec.output.run_id or new_run_id()
+    run_dir = Path(out) / device_slug(torch.device(spec.output.device)) / run_id
+    return supervise(spec, run_dir, run_id, out, max_restarts=n_cases)
 
 
 def skip_reasons(run_dir, most: int = 3) -> None:

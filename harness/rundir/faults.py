@@ -15,6 +15,11 @@ them). Kinds:
 - ``crash``: the process running the case dies by ``SIGSEGV`` (under ``--isolate`` the child dies
   and the case becomes an ``error`` row; without it the whole command dies, as it would);
 - ``hang``: the case's set-up sleeps forever (``--isolate`` with ``--case-timeout`` ends it);
+- ``device_error``: the case's set-up raises a sticky CUDA error ("an illegal memory access was
+  encountered", as ``torch.AcceleratorError``), and from then on so does the set-up of every other
+  case in this process, as a poisoned CUDA context fails every later call: the case becomes an
+  ``error`` row and the rest of the run goes on in a new process (``--supervise``;
+  :mod:`harness.step.device_errors`);
 - ``disk_full``: committing the unit that holds the case writes half its bytes, then fails with
   ``ENOSPC``, exercising the roll-back of a partial unit;
 - ``nan_loss``: a training run's loss is made non-finite from the first step after its first
@@ -64,7 +69,7 @@ from pathlib import Path
 from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
-KINDS = ("oom", "crash", "hang", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "kill_in_unit",
+KINDS = ("oom", "crash", "hang", "device_error", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "kill_in_unit",
          "kill_after_commit", "slow", "jitter", "checkpoint_replaced")
 
 
@@ -112,10 +117,22 @@ def fault_for(case_key: str) -> str | None:
     return entry[0] if entry else None
 
 
+#: The text of the sticky device error injected in this process (``device_error``), once raised.
+_device_lost: str | None = None
+
+
 def maybe_inject(case_key: str) -> None:
     """Raise, crash or hang here if ``ROUTERBENCH_FAULT`` names this case (``disk_full`` acts at
-    commit time, :func:`maybe_disk_full`)."""
+    commit time, :func:`maybe_disk_full`), or raise the sticky device error again if a
+    ``device_error`` was injected earlier in this process."""
+    global _device_lost
     kind = fault_for(case_key)
+    if kind == "device_error" or _device_lost is not None:
+        import torch
+        if _device_lost is None:
+            _device_lost = (f"CUDA error: an illegal memory access was encountered (injected by {ENV} in "
+                            f"{case_key})")
+        raise getattr(torch, "AcceleratorError", RuntimeError)(_device_lost)  # torch >= 2.8 has it
     if kind == "oom":
         import torch
         raise torch.cuda.OutOfMemoryError(

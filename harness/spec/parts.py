@@ -179,6 +179,14 @@ def check_heads(widths: Iterable[int], heads: int, L: Labels, width_path: str) -
                               f"{d // heads}; rotary positions need an even head size: change one of them")
 
 
+def offered_impls(selected: Iterable[str]) -> set[str]:
+    """The implementations offered by at least one of the ``selected`` routers (their own and the
+    peers' adapters)."""
+    from routers.impls import impls_for
+    selected = list(selected)
+    return {i.name for r in selected for i in impls_for(r)} | {i for r in selected for i in router_class(r).impls}
+
+
 def check_router_set(rs: RouterSet, selected: tuple[str, ...], depths: Iterable[int], width: int,
                      L: Labels, impls: tuple[str, ...] | None = None) -> None:
     """Router options: known routers, selected routers only, known option names, types and values.
@@ -188,8 +196,7 @@ def check_router_set(rs: RouterSet, selected: tuple[str, ...], depths: Iterable[
     """
     label = L("routers.router_options")
     if impls is not None:  # an impl that no selected router offers would be dropped without a word
-        from routers.impls import impls_for
-        offered = {i.name for r in selected for i in impls_for(r)} | {i for r in selected for i in router_class(r).impls}
+        offered = offered_impls(selected)
         unused = [i for i in impls if i not in offered]
         if unused:
             raise ConfigError(f"{L('sweep.impls')}: {', '.join(unused)} is offered by none of "

@@ -17,7 +17,8 @@ from routers.errors import ConfigError
 
 from .base import Labels, given, option
 from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, absolute, base_shape, check_heads, check_output,
-                    check_router_set, default_grid, impl_names, preset_base, resolve_device, resolved_shape)
+                    check_router_set, default_grid, impl_names, offered_impls, preset_base, resolve_device,
+                    resolved_shape)
 
 #: The default smoke race: char-level, small enough for a 2-core CPU (README).
 RACE_ROUTERS = ("prenorm", "haares")
@@ -51,6 +52,10 @@ class Sweep:
                                   "hang costs one error row, not the sweep (default: off).")
     case_timeout: float | None = option("float", "With --isolate: seconds a case may make no progress "
                                         "before it is killed as hung (default: 900).", min=0, min_open=True)
+    supervise: bool | None = option(
+        "bool", "Measure in a child process and, after a sticky CUDA error (an illegal memory access, a "
+        "launch failure), which leaves a process unable to use its device, record that case as an error "
+        "row and resume the rest of the run in a new process (default: on with CUDA, off on CPU).")
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,8 @@ class RunSpec:
         depths = s.depths or ((pb.n_layers,) if s.preset else grid["n_layers"])
         check_heads(widths, s.n_heads or pb.n_heads, L, "shape.widths")
         base = base_shape(s, dev, d_model=min(widths), n_layers=min(depths))
-        impls = sw.impls or ("naive", "two_phase")
+        # the default, of what the routers offer: a resolved spec must load again as given (resume)
+        impls = sw.impls or (tuple(i for i in ("naive", "two_phase") if i in offered_impls(routers)) or ("naive",))
         check_router_set(self.routers, routers, depths, min(widths), L,
                          impls if given(sw, "impls") else None)
         if train and race.data is not None:
@@ -209,7 +215,8 @@ class RunSpec:
                           compile_modes=(sw.compile_modes or ("default",)) if uses_compile else None,
                           compile_scope=(sw.compile_scope or (DEFAULT_COMPILE_SCOPE,)) if uses_compile else None,
                           flops=sw.flops is not False, isolate=isolate,
-                          case_timeout=(sw.case_timeout or 900.0) if isolate else None),
+                          case_timeout=(sw.case_timeout or 900.0) if isolate else None,
+                          supervise=dev.type == "cuda" if sw.supervise is None else sw.supervise),
             timing=replace(t, repeats=None if precise else (t.repeats or 10),
                            group_budget_s=(t.group_budget_s or 600.0) if precise else None,
                            min_pairs=min_pairs, max_rounds=max_rounds, warmup_s=0.5 if t.warmup_s is None else t.warmup_s,

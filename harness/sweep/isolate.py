@@ -19,11 +19,12 @@ import time
 import torch
 
 from harness.rundir.writer import RunWriter, StagingWriter
+from harness.step.device_errors import DeviceContextLost
 
 from .cases import Case
 from .options import SweepOptions
 from .prepare import Heartbeat, no_beat
-from .unit import measure_unit
+from .unit import measure_unit, record_lost
 
 #: Seconds a child under ``--isolate`` may take to start (import torch) on top of ``--case-timeout``.
 STARTUP_S = 120.0
@@ -43,14 +44,18 @@ def _child_main(todo, device: str, path: str, base: dict, run_dir: str, opts: Sw
     def beat(stage: str, weight: int = 1, **info) -> None:
         conn.send(("beat", stage, weight, info))
 
-    statuses = measure_unit(todo, torch.device(device), w, opts, heartbeat=beat)
+    try:
+        statuses = measure_unit(todo, torch.device(device), w, opts, heartbeat=beat)
+    except DeviceContextLost as lost:  # this child can run nothing more: the parent records it
+        conn.send(("lost", lost.case_key, lost.error))
+        return
     conn.send(("done", statuses))
 
 
 def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts: SweepOptions,
-                beat: Heartbeat = no_beat) -> tuple[dict[str, str] | None, str | None]:
+                beat: Heartbeat = no_beat) -> tuple[dict[str, str] | None, str | DeviceContextLost | None]:
     """Run one unit in a spawned child, passing its heartbeats on to ``beat``; ``(statuses, None)``
-    or ``(None, what went wrong)``."""
+    or ``(None, what went wrong)``: a text, or the child's :class:`DeviceContextLost`."""
     beat("spawn", 1, text=f"starting a child process for {len(todo)} case{'s' * (len(todo) > 1)} (--isolate)")
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
@@ -70,6 +75,9 @@ def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts:
                 if msg[0] == "done":
                     p.join(30)
                     return msg[1], None
+                if msg[0] == "lost":
+                    p.join(30)
+                    return None, DeviceContextLost(msg[1], msg[2])
                 deadline = time.monotonic() + opts.case_timeout * msg[2]
                 try:
                     beat(msg[1], msg[2], **(msg[3] if len(msg) > 3 else {}))
@@ -111,6 +119,15 @@ def run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunWr
     if failure is None:
         u.commit(statuses)
         return statuses
+    if isinstance(failure, DeviceContextLost):  # that case is an error row; the rest in a new child
+        u.abandon(f"DeviceContextLost: {failure} (under --isolate, {len(todo)} case(s))")
+        case = next((c for c, _ in todo if c.key == failure.case_key), todo[0][0])
+        record_lost(run, case, failure)
+        rest = [(c, first) for c, first in todo if c.key != case.key]
+        if rest:
+            beat("retry", 1, text=f"a sticky device error in {case.key.split('|')[0]} (under --isolate): "
+                 f"its group's other {len(rest)} case(s) in a new child")
+        return {case.key: "error", **(run_isolated(rest, device, run, opts, heartbeat) if rest else {})}
     u.abandon(f"{failure} (under --isolate, {len(todo)} case(s))")
     out: dict[str, str] = {}
     if len(todo) > 1:

@@ -28,6 +28,7 @@ from harness.rundir import faults
 from harness.rundir.writer import StagingWriter
 from harness.step import backends
 from harness.step.cudagraph import GraphedStep
+from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.step.guard import capture_findings
 from harness.step.modes import make_optimizer, make_step, prefill_for_decode
 from harness.timing.timer import warm_up
@@ -248,6 +249,8 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
     except Exception as exc:  # one broken case never kills a sweep
         last = traceback.extract_tb(exc.__traceback__)[-1]
         why = f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
+        if poisons_context(exc):  # nothing more can run in this process: the sweep records it
+            raise DeviceContextLost(case.key, why) from exc
         w.write(**cols, metric="step_time", unit="ms", status="error", error=why)
         return Setup("error", error=why)
 
@@ -337,6 +340,7 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
     beat = heartbeat or no_beat
     cases = [c for c, _ in todo]
     group = PreparedGroup()
+    lost = False
     try:
         with compile_group(cases):
             for k, (case, first) in enumerate(todo, 1):
@@ -354,7 +358,10 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             yield group
+    except DeviceContextLost:
+        lost = True  # the context is unusable: emptying the cache would raise the same error again
+        raise
     finally:
         group.steps.clear()
-        if device.type == "cuda":
+        if device.type == "cuda" and not lost:
             torch.cuda.empty_cache()

@@ -25,13 +25,14 @@ from tqdm import tqdm
 
 from harness.rundir.progress import Progress
 from harness.rundir.writer import RunWriter
+from harness.step.device_errors import DeviceContextLost
 
 from .cases import Case
 from .isolate import run_isolated
 from .options import SweepOptions
 from .plan import sweep_units
 from .prepare import case_label, flops_key
-from .unit import measure_unit
+from .unit import measure_unit, record_lost
 
 
 def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,
@@ -46,6 +47,10 @@ def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,
         KeyboardInterrupt (or the CLI's ``Interrupted``): the unit in progress is moved to
             ``aborted/`` and the exception propagates; every complete unit is kept.
         harness.rundir.writer.DiskFullError: no space to record a unit; nothing partial was kept.
+        harness.step.device_errors.DeviceContextLost: a case raised a sticky device error (an
+            illegal memory access, a launch failure): the case is recorded as an ``error`` row,
+            the unit it was measured in goes to ``aborted/``, and the rest of the run must be
+            measured in a new process (``routerbench run --supervise`` does so).
     """
     cases = list(cases)
     stats: dict[str, int] = {"resumed": 0}
@@ -90,9 +95,18 @@ def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,
             if opts.isolate:
                 statuses = run_isolated(todo, device, run, opts, heartbeat=tracker.beat)
             else:
-                with run.unit([t.key for t, _ in todo], kind="group" if len(todo) > 1 else "case") as u:
-                    statuses = measure_unit(todo, device, u, opts, heartbeat=tracker.beat)
-                    u.commit(statuses)
+                try:
+                    with run.unit([t.key for t, _ in todo], kind="group" if len(todo) > 1 else "case") as u:
+                        statuses = measure_unit(todo, device, u, opts, heartbeat=tracker.beat)
+                        u.commit(statuses)
+                except DeviceContextLost as lost:  # the unit went to aborted/; its case is an error row
+                    case = next((t for t, _ in todo if t.key == lost.case_key), todo[0][0])
+                    record_lost(run, case, lost)
+                    tracker.event("device_lost", f"{word} {k} of {n_units}: a sticky device error in "
+                                  f"{case_label(case)}, recorded as its error row; this process stops",
+                                  k=k, n=n_units, case=case.key, error=lost.error[:300])
+                    bar.close()
+                    raise
             for s in statuses.values():
                 stats[s] = stats.get(s, 0) + 1
             counted = Counter(statuses.values())

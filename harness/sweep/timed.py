@@ -33,6 +33,7 @@ from harness.rundir.writer import StagingWriter
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI
 from harness.stats.sequential import LookSchedule, half_width_rel, median_interval, ratio_interval
 from harness.step import backends
+from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.timing import noise, paired
 from harness.timing.timer import synchronize, time_steps
 from routers import BASELINE
@@ -55,6 +56,18 @@ def _fail(case: Case, w: StagingWriter, exc: BaseException) -> str:
     status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
     w.write(**case.columns(), metric="step_time", unit="ms", status=status, error=_error_text(exc))
     return status
+
+
+def device_lost(exc: BaseException, keys: list[str]) -> DeviceContextLost:
+    """The :class:`DeviceContextLost` of a sticky device error raised while ``keys`` were timed
+    together: on the case whose call raised it, or, raised by a synchronisation after a round, on
+    the last case called before it (the error text says so)."""
+    who = paired.failed_step(exc)
+    text = _error_text(exc)
+    if who is None:
+        who = keys[-1]
+        text += f" (raised by the synchronisation after a round of {len(keys)} steps; CUDA_LAUNCH_BLOCKING=1 pins it)"
+    return DeviceContextLost(who, text)
 
 
 def partners(case: Case, group: list[Case]) -> list[Case]:
@@ -122,7 +135,11 @@ def time_rounds(steps: dict[str, Callable[[], object]], device: torch.device, op
     names = list(steps)
     t0 = time.perf_counter()
     for name in names:  # one untimed interleaved round: re-warms every step after the others' set-up
-        steps[name]()
+        try:
+            steps[name]()
+        except Exception as exc:
+            paired.blame(exc, name)
+            raise
     synchronize(device)
     round_s = max(time.perf_counter() - t0, 1e-6)
     target = opts.precision_target
@@ -236,7 +253,9 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
         with noise.Probe() as probe, backends.recompile_guard(backend):
             got = time_rounds({k: steps[k] for k in keys}, device, opts, ratio_pairs(group), budget_s, beat)
         together = len(keys) > 1
-    except Exception:  # one broken step must not take the group down: find it by timing alone
+    except Exception as exc:  # one broken step must not take the group down: find it by timing alone
+        if poisons_context(exc):  # nothing more can run here: the case that raised it is recorded
+            raise device_lost(exc, keys) from exc
         got, together, probe = Rounds({}), False, None
     clocks.append(noise.sm_clock_mhz(device))
     status: dict[str, str] = {}
@@ -246,6 +265,8 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
                 with backends.recompile_guard(backend):
                     got.times[k] = time_steps(steps[k], device, opts.timing.repeats)
             except Exception as exc:  # noqa: BLE001 - recorded as the case's error row
+                if poisons_context(exc):
+                    raise DeviceContextLost(k, _error_text(exc)) from exc
                 status[k] = _fail(by_key[k], w, exc)
     timed = {k: got.times[k] for k in keys if k in got.times}
     bases = {c.key: p[0].key for c in group if (p := partners(c, group)) and p[0].router == BASELINE}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.rundir.writer import StagingWriter
+from harness.rundir.writer import RunWriter, StagingWriter
+from harness.step.device_errors import DeviceContextLost
 
 from . import prepare, timed
 from .cases import Case
@@ -37,3 +38,14 @@ def measure_unit(todo: list[tuple[Case, bool]], device: torch.device, w: Staging
                  n=n)
             group.status.update(timed.time_group(cases, group.steps, device, w, opts, beat=beat).status)
         return dict(group.status)
+
+
+def record_lost(run: RunWriter, case: Case, lost: DeviceContextLost) -> None:
+    """Record ``case`` as an ``error`` row, in a unit of its own, after a sticky device error it
+    raised (:mod:`harness.step.device_errors`). The unit it was measured in has been abandoned
+    (its rows are in ``aborted/``); its other cases are measured again in a new process."""
+    why = (f"{lost.error} [a sticky device error: the process could run nothing more on its device; "
+           "this case is recorded as an error and the rest of the run is measured in a new process]")
+    with run.unit([case.key], kind="case") as u:
+        u.write(**case.columns(), metric="step_time", unit="ms", status="error", error=why)
+        u.commit({case.key: "error"})

@@ -74,10 +74,38 @@ def time_paired(steps: dict[str, Callable[[], object]], device: torch.device, re
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     for _ in range(warmup_rounds):
         for name in names:
-            steps[name]()
+            try:
+                steps[name]()
+            except Exception as exc:
+                blame(exc, name)
+                raise
         synchronize(device)
     out: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(first_round, first_round + repeats):
-        for name in round_order(names, i, order):
-            out[name].append(time_steps(steps[name], device, 1)[0])
+    name = names[0] if names else None
+    try:
+        for i in range(first_round, first_round + repeats):
+            for name in round_order(names, i, order):
+                out[name].append(time_steps(steps[name], device, 1)[0])
+    except Exception as exc:
+        blame(exc, name)
+        raise
     return out
+
+
+#: The attribute of an exception that names the step whose call raised it (:func:`blame`).
+FAILED_STEP = "routerbench_failed_step"
+
+
+def blame(exc: BaseException, name: str | None) -> None:
+    """Name ``name`` as the step whose call raised ``exc`` (kept: the innermost caller knows best),
+    so that the sweep can pin a device error on its case (:func:`failed_step`)."""
+    if name is not None and getattr(exc, FAILED_STEP, None) is None:
+        try:
+            setattr(exc, FAILED_STEP, name)
+        except AttributeError:  # an exception type without a __dict__
+            pass
+
+
+def failed_step(exc: BaseException) -> str | None:
+    """The step :func:`blame` named for ``exc``, or None."""
+    return getattr(exc, FAILED_STEP, None)
