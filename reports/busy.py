@@ -1,4 +1,10 @@
-"""How busy the GPU was during an eager step, inferred from the same run's graph replay.
+"""How busy the GPU was during an eager step: measured by the sweep, or inferred from the same
+run's graph replay.
+
+Since the sweep records ``device_busy`` for every eager case on CUDA
+(:func:`harness.timing.gpu.device_busy_share`: kernel time in a ``torch.profiler`` trace over its
+span), :func:`recorded_busy` reads that first. Runs without those rows (recorded before the metric
+existed) fall back on the inference below.
 
 On a GPU an eager step launches one kernel per op from Python; when the host is slower than the
 device, the device idles between launches and the step time is the host's, not the device's. A
@@ -66,4 +72,20 @@ def busy_shares(paired: pd.DataFrame) -> pd.DataFrame:
     return med[cols].reset_index(drop=True)
 
 
-__all__ = ["HOST_BOUND", "KEYS", "busy_share", "busy_shares"]
+def recorded_busy(df: pd.DataFrame) -> pd.DataFrame:
+    """Per run, CUDA device, mode, shape (:data:`KEYS`), router and impl: the median of the eager
+    cases' recorded ``device_busy`` rows (a fraction of the step, :mod:`harness.timing.gpu`) as
+    ``busy_share``; an empty frame with the columns when the records hold none."""
+    cols = [*KEYS, "router", "impl", "busy_share"]
+    if df.empty or "metric" not in df:
+        return pd.DataFrame(columns=cols)
+    t = df[(df["metric"] == "device_busy") & (df["status"] == "ok") & (df["backend"] == "eager")
+           & df["value"].notna()]
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    t = (t.assign(busy_share=t["value"].astype(float))
+         .groupby([*KEYS, "router", "impl"], dropna=False)["busy_share"].median().reset_index())
+    return t[cols].reset_index(drop=True)
+
+
+__all__ = ["HOST_BOUND", "KEYS", "busy_share", "busy_shares", "recorded_busy"]

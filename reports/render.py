@@ -41,7 +41,7 @@ COLUMN_STYLE = {
     "median_loss_at_budget": ("median loss at budget", "{:.4f}"),
     "tokens_per_s": ("tokens/s", "{:,.0f}"), "model_gflop": ("model GFLOP/step", "{:.3f}"),
     "model_tflops": ("model TFLOP/s", "{:.3f}"), "device_name": ("device name", None),
-    "peak_tflops": ("peak BF16 TFLOP/s", "{:.0f}"), "mfu_pct": ("MFU (%)", "{:.2f}"),
+    "peak_tflops": ("peak BF16 TFLOP/s", "{:.0f}"), "mfu_pct": ("MFU (%)", "{:.2f}"), "hfu_pct": ("HFU (%, dispatched FLOPs)", "{:.2f}"),
     "train_time": ("training clock (s)", sentences.fmt_sig),
     "compile_time": ("compile time (s)", "{:.2f}"), "graphs_fwd": ("fwd graphs", "{:.0f}"),
     "graphs_bwd": ("bwd graphs", "{:.0f}"), "recompiles": ("recompiles", "{:.0f}"),

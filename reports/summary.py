@@ -9,9 +9,10 @@ were timed, then one where the run has graph-replay rows, then the heaviest (``t
 ``fwd_bwd``, else ``fwd``), at its largest shape (width, then depth); the sentence quotes every
 backend timed there, each with its × floor (:mod:`reports.floor`) where the run measured a
 bandwidth. On CUDA an eager ratio whose step kept the GPU busy less than
-:data:`reports.busy.HOST_BOUND` of the time (:func:`reports.busy.busy_shares`, from the same run's
-graph rows; nothing said without them) is flagged host-bound. A ratio whose interval is wider than
-:data:`TOLERANCE` (relative to the ratio) is flagged "imprecise" beside its number and CI (never
+:data:`reports.busy.HOST_BOUND` of the time (the router's recorded ``device_busy``,
+:func:`reports.busy.recorded_busy`; else prenorm's inferred from the same run's graph rows,
+:func:`reports.busy.busy_shares`; nothing said without either) is flagged host-bound. A ratio
+whose interval is wider than :data:`TOLERANCE` (relative to the ratio) is flagged "imprecise" beside its number and CI (never
 withheld); a ratio from a noisy group says so. Runs read together are summarised each on its own (a ``run_id`` column and
 the run named in each sentence): their timings were never paired. Where several compile scopes ran, each is quoted (the default
 scope's, ``model``, in the ``compile_*`` columns); the report's "Compile scopes" table compares them.
@@ -35,8 +36,9 @@ METHOD = ("Each sentence quotes the row of the table below: the per-pair step-ti
           "were timed (then one with graph-replay rows, then the heaviest) at its largest shape, with "
           "'× floor' (the physical floor section) where a bandwidth was measured, and the saved "
           "activations as a multiple of prenorm's. On a GPU, an eager ratio is flagged 'host-bound' "
-          "when prenorm's graph-replayed step over its eager step (same mode and shape) is below "
-          "80 %: the GPU idled waiting for Python, so the eager ratio measures host overhead and graph "
+          "when the GPU was busy less than 80 % of the eager step: the router's traced device-busy "
+          "share, or, for runs without one, prenorm's graph-replayed step over its eager step (same "
+          "mode and shape). The GPU idled waiting for Python, so the eager ratio measures host overhead and graph "
           f"replay or compile the router's device cost. A ratio whose CI is wider than {TOLERANCE:.0%} of it is flagged "
           "'imprecise', one timed on a busy machine 'noisy group'; unpaired medians are in the detail "
           "tables below.")
@@ -58,6 +60,7 @@ COLUMN_STYLE = {
     "cudagraph_noisy": ("graph replay noisy", None), "eager_floor": ("eager × floor", "{:.1f}"),
     "compile_floor": ("compiled × floor", "{:.1f}"), "cudagraph_floor": ("graph replay × floor", "{:.1f}"),
     "busy_share": ("GPU busy (eager, share of step)", "{:.2f}"),
+    "best_mfu_pct": ("best MFU (%)", "{:.2f}"), "best_mfu_backend": ("best MFU in", None),
 }
 
 
@@ -88,13 +91,32 @@ def _pick(t: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
     return t.drop_duplicates(keys)[[*keys, "mode", *frame.SHAPE_COLS, "device"]]
 
 
-def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
+def _best_mfu(out: pd.DataFrame, df: pd.DataFrame, manifests: dict[str, dict]) -> pd.DataFrame:
+    """``out`` with ``best_mfu_pct`` (the highest MFU, %, of :func:`reports.tables.mfu_table` over the
+    backends timed at each row's run, router, impl, mode and shape) and ``best_mfu_backend`` (which
+    backend reached it); unchanged when no case has an MFU (a CPU, an unknown device)."""
+    m = tables.mfu_table(df, manifests)
+    m = m[m["mfu_pct"].notna()] if len(m) else m
+    if m.empty:
+        return out
+    keys = ["run_id", "router", "impl", "mode", *frame.SHAPE_COLS]
+    m = m.assign(best_mfu_backend=[frame.backend_text(r) for r in m.to_dict("records")],
+                 best_mfu_pct=m["mfu_pct"])
+    best = (m.sort_values("best_mfu_pct", ascending=False, kind="stable").drop_duplicates(keys)
+            [[*keys, "best_mfu_pct", "best_mfu_backend"]])
+    return out.merge(best, on=keys, how="left")
+
+
+def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per run, router and impl (prenorm excluded): :data:`COLUMNS`, then the ratio, CI,
     noise and floor columns of any further compile scope (``compile_<scope>_ratio``, ...) and
     ``attrs["labels"]`` (the sentence's (prefix, word) per backend, in order); ratios are router / prenorm
     (×), NaN where that backend was not paired at that shape; ``*_floor`` is the × floor of
     :func:`reports.floor.floor_table` (NaN without a bandwidth row or a byte floor); ``busy_share``
-    the :func:`reports.busy.busy_shares` of the row's mode and shape (NaN without graph rows)."""
+    the router's recorded ``device_busy`` (:func:`reports.busy.recorded_busy`), else the
+    :func:`reports.busy.busy_shares` of the row's mode and shape (NaN without either). With
+    ``manifests`` (run_id -> manifest) and a device of known peak: ``best_mfu_pct`` and
+    ``best_mfu_backend`` last (:func:`_best_mfu`)."""
     pt = paired.paired_ratio_table(df)
     if pt.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -122,20 +144,33 @@ def cost_summary(df: pd.DataFrame) -> pd.DataFrame:
         out = out.merge(b, on=keys, how="left")
     if not busy_t.empty:
         out = out.merge(busy_t, on=busy.KEYS, how="left")
+    rec = busy.recorded_busy(df)
+    if not rec.empty:  # the case's own traced share, where the sweep recorded one
+        rec = rec.rename(columns={"busy_share": "_busy_rec"})
+        out = out.merge(rec, on=[*busy.KEYS, "router", "impl"], how="left")
+        out["busy_share"] = out["_busy_rec"].combine_first(out["busy_share"]) if "busy_share" in out \
+            else out["_busy_rec"]
+        out = out.drop(columns="_busy_rec")
     ov = tables.overhead_table(df)
     if not ov.empty:
         ov = ov[ov["backend"] == "eager"][[*keys, "saved_ratio"]].drop_duplicates(keys)
         out = out.merge(ov, on=keys, how="left")
     extra = [f"{k}_{c}" for k, _ in words if k not in ("eager", "compile", "cudagraph")
              for c in ("ratio", "lo", "hi", "noisy", "floor")]
-    out = out.reindex(columns=[*COLUMNS, *extra]).reset_index(drop=True)
+    mfu = []
+    if manifests:
+        out = _best_mfu(out, df, manifests)
+        mfu = [c for c in ("best_mfu_pct", "best_mfu_backend") if c in out]
+    out = out.reindex(columns=[*COLUMNS, *extra, *mfu]).reset_index(drop=True)
     out.attrs["labels"] = words
     return out
 
 
-def cost_sentences(df: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
-    """The summary sentences and the table they quote."""
-    t = cost_summary(df)
+def cost_sentences(df: pd.DataFrame, manifests: dict[str, dict] | None = None
+                   ) -> tuple[list[str], pd.DataFrame]:
+    """The summary sentences and the table they quote (with ``manifests``, the device names of a
+    GPU run give the table its best MFU per row)."""
+    t = cost_summary(df, manifests)
     several = t["run_id"].nunique() > 1
     labels = t.attrs.get("labels") or [("eager", "eager"), ("compile", "compiled")]
     return [cost_sentence(r, TOLERANCE, run=several, labels=labels) for r in t.to_dict("records")], t

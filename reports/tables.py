@@ -286,17 +286,22 @@ def mfu_table(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> pd.
         ``model_tflops`` (model FLOP per second / 1e12), ``device_name``, ``peak_tflops``
         (dense BF16, :func:`harness.costs.peak.peak_flops`) and ``mfu_pct`` (%; NaN, shown blank,
         for a CPU, an unknown device or a case without ``params_matrix`` or
-        ``router_flops_analytic`` rows).
+        ``router_flops_analytic`` rows); ``hfu_pct`` (%): the FLOPs dispatched per step
+        (``fwd_flops_dispatch``, plus ``bwd_flops_dispatch`` for ``fwd_bwd`` and ``train_step``,
+        recomputation included; NaN for ``decode``) over the step time and the same peak. HFU, not
+        MFU: it counts what the kernels were asked to do (a lean backward's recompute, the
+        attention's masked half), not the model's useful FLOPs.
     """
     from harness.costs.peak import model_flops_per_step, peak_flops, tokens_per_step
 
     cols = [*CASE_KEYS, "median_ms", "tokens_per_s", "model_gflop", "model_tflops",
-            "device_name", "peak_tflops", "mfu_pct"]
+            "device_name", "peak_tflops", "mfu_pct", "hfu_pct"]
     t = step_time_summary(df)[[*CASE_KEYS, "median_ms"]]
     if t.empty:
         return pd.DataFrame(columns=cols)
     keys, cost = list(STATIC_KEYS), cost_rows(df)
-    for metric, name in (("params_matrix", "n_matrix"), ("router_flops_analytic", "router_flop")):
+    for metric, name in (("params_matrix", "n_matrix"), ("router_flops_analytic", "router_flop"),
+                         ("fwd_flops_dispatch", "_fwd_disp"), ("bwd_flops_dispatch", "_bwd_disp")):
         m = _median(cost, metric, keys, name)
         t = t.merge(m, on=keys, how="left") if len(m) else t.assign(**{name: np.nan})
     envs = {run: (m.get("environment") or {}) for run, m in (manifests or {}).items()}
@@ -317,6 +322,9 @@ def mfu_table(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> pd.
     t["model_tflops"] = np.array(flops, dtype=float) / step_s / 1e12
     t["device_name"], t["peak_tflops"] = names, peaks
     t["mfu_pct"] = t["model_tflops"] / t["peak_tflops"].astype(float) * 100
+    fwd, bwd = t["_fwd_disp"].astype(float), t["_bwd_disp"].astype(float)
+    dispatched = fwd.where(t["mode"] == "fwd", (fwd + bwd).where(t["mode"].isin(["fwd_bwd", "train_step"])))
+    t["hfu_pct"] = dispatched / step_s / 1e12 / t["peak_tflops"].astype(float) * 100
     return sort_cases(t)[cols].reset_index(drop=True)
 
 

@@ -61,11 +61,28 @@ def outputs_and_grads(model, x, y):
     return logits.detach(), loss.detach(), grads
 
 
+#: (router, impl) whose CPU model-scope compile corrupts the heap under a torch release older than
+#: the one given: Inductor's C++ vectorizer stores a full vector into the tail of a 2-D tiled
+#: reduction (pytorch/pytorch#196681, open); dhc's backward has one (n = 4 streams, d = 16).
+#: Reproduced here under torch 2.11.0 (glibc "corrupted size vs. prev_size", every run; with
+#: ``torch._inductor.config.cpp.simdlen = 0`` it passes); 2.13.0 passes. GPUs compile with Triton,
+#: not this vectorizer: the CUDA test below still runs there.
+CPU_INDUCTOR_HEAP_BUG = {("dhc", "naive"): (2, 13)}
+
+
+def _cpu_inductor_heap_bug(name, impl):
+    fixed = CPU_INDUCTOR_HEAP_BUG.get((name, impl))
+    return fixed is not None and tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < fixed
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("name,impl", [pytest.param(n, i, marks=() if (n, i) in VARIANTS else pytest.mark.compile_matrix)
                                        for n, i in ALL_IMPLS])
 def test_model_scope_compile_equals_eager(name, impl):
     """The whole forward as one Inductor graph (``--compile-scope model``) against eager."""
+    if _cpu_inductor_heap_bug(name, impl):
+        pytest.skip(f"torch {torch.__version__}'s Inductor C++ vectorizer overruns a buffer in {name}'s "
+                    "backward on CPU (pytorch/pytorch#196681); the process would abort")
     eager = model_for(name, impl).train()
     x, y = batch()
     ref = outputs_and_grads(eager, x, y)

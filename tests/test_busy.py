@@ -79,3 +79,145 @@ def test_the_h200_graph_run_quotes_graph_replay_and_flags_host_bound_eager(tmp_p
     assert "fwd_bwd" in full and "% graph replay [CI" in full
     assert table.loc[table.router == "full_attnres", "cudagraph_ratio"].iloc[0] > 1
     assert "% eager [CI" in full and "(host-bound: the GPU was busy 36 % of the step)" in full
+
+
+# --- measured: the traced device-busy share and NVML readings (harness/timing/gpu.py) ----------
+def test_busy_union_counts_overlaps_once_over_the_span():
+    from harness.timing.gpu import busy_union_share
+    # kernels 0-10 and 5-15 overlap (busy 0-15), then a gap, then 20-30: 25 µs busy of 30
+    assert busy_union_share([(20, 30), (0, 10), (5, 15)]) == pytest.approx(25 / 30)
+    assert busy_union_share([(0, 10), (10, 20)]) == 1.0  # back to back: never idle
+    assert busy_union_share([(0, 1), (99, 100)]) == pytest.approx(0.02)
+    assert busy_union_share([]) is None and busy_union_share([(5, 5)]) is None
+
+
+def test_device_busy_share_reads_only_the_trace_of_a_cuda_device():
+    import torch
+
+    from harness.timing.gpu import device_busy_share, device_intervals
+    calls = []
+    assert device_busy_share(lambda: calls.append(1), torch.device("cpu")) is None and not calls
+    with pytest.raises(ValueError, match="steps must be >= 2"):
+        device_busy_share(lambda: None, torch.device("cpu"), steps=1)
+
+    class Ev:  # a profiler event: kernels are device_type CUDA, host calls CPU
+        def __init__(self, dev, s, e):
+            self.device_type = dev
+            self.time_range = type("R", (), {"start": s, "end": e})()
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    assert device_intervals([Ev(cuda, 0, 4), Ev(cpu, 0, 100), Ev(cuda, 6, 10)]) == [(0, 4), (6, 10)]
+
+
+class FakeNvml:
+    """pynvml's calls the probe makes, with planted readings (one per sample, the last repeated)."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, clocks, temps, reasons):
+        self.clocks, self.temps, self.reasons, self.n = clocks, temps, reasons, 0
+
+    def _at(self, seq):
+        return seq[min(self.n, len(seq) - 1)]
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        assert kind == self.NVML_CLOCK_SM and h == "h"
+        return self._at(self.clocks)
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return self._at(self.temps)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        v = self._at(self.reasons)
+        self.n += 1  # the last call of a sample
+        return v
+
+
+def test_the_gpu_probe_reads_clock_spread_hottest_reading_and_every_throttle_reason():
+    import torch
+
+    from harness.timing.gpu import GpuProbe, throttle_text
+    nvml = FakeNvml(clocks=[1980, 1980, 1755], temps=[61, 70, 66], reasons=[0x0, 0x4, 0x20])
+    probe = GpuProbe(torch.device("cpu"), nvml=nvml, handle="h", sample_s=3600)  # no sample from the thread
+    with probe:
+        nvml.n = 1
+        probe.sample()
+    m = probe.metrics()
+    assert m["sm_clock_spread"] == pytest.approx((1980 - 1755) / 1980)
+    assert m["gpu_temp_max"] == 70 and int(m["throttle_reasons"]) == 0x24
+    assert throttle_text(0x24) == "software power cap, software thermal slowdown"
+    assert throttle_text(0) == "none" and throttle_text(0x10000) == "0x10000"
+    assert GpuProbe(torch.device("cpu")).metrics() == {}  # a CPU: no NVML readings
+
+
+def test_a_clock_that_moved_makes_the_timing_noisy():
+    from harness.timing.noise import THRESHOLDS, noise_reasons
+    assert noise_reasons({"sm_clock_spread": 0.114}) == ["sm_clock_spread 0.114 > 0.1"]
+    assert noise_reasons({"sm_clock_spread": 0.02, "gpu_temp_max": 90.0, "throttle_reasons": 4.0}) == []
+    old = {k: v for k, v in THRESHOLDS.items() if k != "sm_clock_spread_max"}  # a report's own thresholds
+    assert noise_reasons({"sm_clock_spread": 0.5}, old) == ["sm_clock_spread 0.500 > 0.1"]
+
+
+def test_a_recorded_busy_share_is_the_routers_own_and_wins_over_the_inferred_one(tmp_path):
+    """prenorm's eager step 13.6 ms vs 4.95 ms replayed infers 36 %; the sweep traced haares's own
+    eager step busy 55 % of the time: the sentence quotes 55 %."""
+    with RunWriter(tmp_path, "r", "s", base={"device": "cuda"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            for backend, base, ratio in (("eager", 13.6, 1.5), ("cudagraph", 4.95, 1.2)):
+                _rows(u, "prenorm", backend, [base] * 6)
+                _rows(u, "haares", backend, [ratio * base] * 6)
+            u.write(case_key="haares|eager|fwd_bwd", router="haares", impl="naive", backend="eager",
+                    mode="fwd_bwd", workload="decoder", d_model=16, n_layers=2, n_heads=2, seq_len=8,
+                    batch_size=2, dtype="float32", seed=0, metric="device_busy", value=0.55, unit="ratio")
+    said, table = cost_sentences(load_frame([tmp_path]))
+    assert table.iloc[0].busy_share == pytest.approx(0.55)
+    assert "(host-bound: the GPU was busy 55 % of the step)" in said[0]
+
+
+def test_the_report_says_which_gpu_readings_a_cuda_run_has(tmp_path):
+    from reports.cautions import gpu_readings
+    _run(tmp_path / "a", "cuda", ("eager",))
+    assert gpu_readings(load_frame([tmp_path / "a"]))[0].startswith(
+        "GPU readings: these CUDA timings were taken without nvidia-ml-py")
+    _run(tmp_path / "c", "cpu", ("eager",))
+    assert gpu_readings(load_frame([tmp_path / "c"])) == []
+    with RunWriter(tmp_path / "b", "r", "s", base={"device": "cuda"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            _rows(u, "prenorm", "eager", [13.6] * 6)
+            for metric, value in (("sm_clock_spread", 0.031), ("gpu_temp_max", 71.0), ("throttle_reasons", 0x5)):
+                u.write(case_key="prenorm|eager|fwd_bwd", router="prenorm", impl="naive", backend="eager",
+                        mode="fwd_bwd", workload="decoder", d_model=16, n_layers=2, n_heads=2, seq_len=8,
+                        batch_size=2, dtype="float32", seed=0, metric=metric, value=value, unit="x", attempt=1)
+    assert gpu_readings(load_frame([tmp_path / "b"])) == [
+        "GPU readings (NVML, sampled every 20 ms over each timing): the SM clock moved by at most 3.1 % "
+        "within a timing; the hottest reading was 71 °C; clock-event reasons seen: software power cap."]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_host_bound_step_reads_less_busy_than_one_long_kernel():
+    """Many tiny kernels launched from Python leave the GPU idle between them; one large matmul
+    keeps it busy: the traced shares order so, each in (0, 1]."""
+    import torch
+
+    from harness.timing.gpu import GpuProbe, device_busy_share
+    dev = torch.device("cuda")
+    small = torch.ones(8, device=dev)
+    big = torch.randn(4096, 4096, device=dev)
+
+    def tiny():
+        for _ in range(200):
+            small.add_(1.0)
+
+    def heavy():
+        big @ big
+
+    tiny(), heavy()
+    busy_tiny, busy_heavy = device_busy_share(tiny, dev), device_busy_share(heavy, dev)
+    assert 0 < busy_tiny < busy_heavy <= 1.0 and busy_heavy > 0.8
+    with GpuProbe(dev) as probe:
+        heavy()
+        torch.cuda.synchronize()
+    if probe.available:  # nvidia-ml-py installed: a clock, a temperature, a bitmask
+        m = probe.metrics()
+        assert 0 <= m["sm_clock_spread"] < 1 and m["gpu_temp_max"] > 0 and m["throttle_reasons"] >= 0

@@ -131,3 +131,35 @@ def test_empty_frame(tmp_path):
     (d / "records.jsonl").touch()
     t = mfu_table(load_frame([d]), {})
     assert t.empty and "mfu_pct" in t.columns
+
+
+def test_hfu_is_the_dispatched_flops_over_the_step_and_the_summary_quotes_the_best_mfu(tmp_path):
+    """HFU counts what was dispatched (here 1.5× the model's FLOPs, as a recomputing backward
+    would); the summary table's best MFU is the fastest backend's."""
+    from reports.summary import cost_summary
+    d = tmp_path / "gpu"
+    flops = 6 * N * B * T + 12 * L * D * T * B * T + 3 * R
+    with RunWriter(d, run_id="gpu", session="s1", base={"device": "cuda"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            for router in ("prenorm", "haares"):
+                for backend, ms in (("eager", 20.0), ("cudagraph", 10.0)):
+                    case = dict(case_key=f"{router}-{backend}", router=router, router_options={}, impl="naive",
+                                backend=backend, mode="fwd_bwd", workload="decoder", d_model=D, n_layers=L,
+                                n_heads=H, seq_len=T, batch_size=B, dtype="bfloat16", seed=0)
+                    for i in range(6):
+                        u.write(**case, repeat=i, pair=i, attempt=1, metric="step_time", value=ms, unit="ms")
+                    u.write(**case, metric="params_matrix", value=N, unit="count")
+                    u.write(**case, metric="router_flops_analytic", value=R, unit="FLOP")
+                    u.write(**case, metric="fwd_flops_dispatch", value=flops / 2, unit="FLOP")
+                    u.write(**case, metric="bwd_flops_dispatch", value=flops, unit="FLOP")
+    (d / MANIFEST_FILE).write_text(json.dumps(
+        {"run_id": "gpu", "environment": {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}}))
+    df, manifests = load_frame([d]), load_manifests([d])
+    t = mfu_table(df, manifests)
+    graph = t[(t["router"] == "prenorm") & (t["backend"] == "cudagraph")].iloc[0]
+    assert graph["mfu_pct"] == pytest.approx(flops / 0.010 / 989e12 * 100)
+    assert graph["hfu_pct"] == pytest.approx(1.5 * graph["mfu_pct"])
+    s = cost_summary(df, manifests).iloc[0]
+    assert s["router"] == "haares" and s["best_mfu_backend"] == "cudagraph"
+    assert s["best_mfu_pct"] == pytest.approx(graph["mfu_pct"])
+    assert "best_mfu_pct" not in cost_summary(df).columns  # no manifests, no device name: no column

@@ -159,7 +159,7 @@ def _rows(w, router, mode, times):
 
 def test_numbers_the_data_contradicts_become_warnings(tmp_path):
     from reports import build_report, load_frame
-    from reports.sections import consistency_warnings
+    from reports.cautions import consistency_warnings
     with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
         with w.unit(["x"], kind="group") as u:
             # fwd: under a load drift the medians mislead (5.0 unpaired) while the pairs say 1.1

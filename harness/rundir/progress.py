@@ -21,7 +21,7 @@ The file is one JSON object (``schema`` 1)::
 
 An event: ``t`` (unix seconds, to the millisecond), ``time`` (ISO 8601 UTC), ``stage`` (a short
 name: ``sweep``, ``unit``, ``case``, ``parity``, ``build``, ``count``, ``saved_activation``,
-``compile``, ``capture``, ``peak_memory``, ``warmup``, ``prepared``, ``timing``, ``unit_done``,
+``compile``, ``capture``, ``peak_memory``, ``warmup``, ``device_busy``, ``prepared``, ``timing``, ``unit_done``,
 ``tick``, and the final ``done`` or ``interrupted``), ``text`` (a sentence for a person:
 ``compiling model 3 of 14 (haares two_phase)``), and where known ``case`` (the case key), ``k``
 and ``n`` (the k-th of n: a model of its group, a group of the sweep), ``weight`` (a heartbeat's:

@@ -31,6 +31,7 @@ from harness.step.cudagraph import GraphedStep
 from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.step.guard import capture_findings
 from harness.step.modes import make_optimizer, make_step, prefill_for_decode
+from harness.timing.gpu import device_busy_share
 from harness.timing.timer import warm_up
 from workloads.batches import synthetic_batch
 from workloads.decoder import Decoder, parameter_counts
@@ -47,7 +48,7 @@ class Heartbeat(Protocol):
     """Called before each phase of a unit: ``beat(stage, weight, **info)``.
 
     ``stage`` is a short name (``case``, ``parity``, ``build``, ``count``, ``saved_activation``,
-    ``compile``, ``capture``, ``peak_memory``, ``warmup``, ``prepared``, ``timing``), ``weight``
+    ``compile``, ``capture``, ``peak_memory``, ``warmup``, ``device_busy``, ``prepared``, ``timing``), ``weight``
     how many cases' time the next phase may take, and ``info`` JSON-able fields: ``text`` (a
     sentence for a person), ``case`` (the case key), ``k`` and ``n`` (model k of the group's n),
     and any other. :func:`harness.sweep.run.run_sweep` records each beat as a progress event
@@ -158,15 +159,17 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
 
     ``heartbeat`` (:class:`Heartbeat`, weight 1) is called before each stage that runs: ``parity``
     (an impl other than naive, before the model is built), ``build``, ``count`` (with
-    ``count_flops``), ``saved_activation``, ``compile`` or ``capture``, ``peak_memory`` and
-    ``warmup``; its texts name the case as model ``k`` of the group's ``n``.
+    ``count_flops``), ``saved_activation``, ``compile`` or ``capture``, ``peak_memory``,
+    ``warmup`` and (eager on CUDA) ``device_busy``; its texts name the case as model ``k`` of the
+    group's ``n``.
 
     Rows: ``parity_error`` (an impl other than naive), ``params_matrix`` / ``params_router``;
     with ``count_flops`` the router's cost models, the ops of one eager step of the case's own
     model (``ops_fwd``, ``ops_bwd``; on CUDA ``kernels_fwd_bwd``) and (``opts.flops``) its FLOPs; with
     ``opts.memory`` ``saved_activation`` (eager ``fwd_bwd``) and on CUDA ``peak_allocated`` /
     ``peak_reserved``; ``compile_time`` and ``graph_breaks`` (compile) or ``capture_time``
-    (cudagraph). A case that cannot run writes its ``step_time`` row with the reason; a
+    (cudagraph); eager on CUDA ``device_busy`` (:func:`harness.timing.gpu.device_busy_share`). A
+    case that cannot run writes its ``step_time`` row with the reason; a
     ``cudagraph`` case without CUDA is still built and its step checked for what would break its
     capture (:func:`capture_preflight`), which its ``skipped`` row names by file and line.
 
@@ -237,6 +240,11 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
         step = faults.maybe_slow(case.key, step)
         beat("warmup", f"warming up {label}")
         warm_up(step, device, opts.timing)
+        if case.backend == "eager" and device.type == "cuda":  # how much of the eager step the host bounds
+            beat("device_busy", f"tracing the device-busy share of {label}")
+            busy = device_busy_share(step, device)
+            if busy is not None:
+                w.write(**cols, metric="device_busy", value=busy, unit="ratio")
         if counted is not None:  # the compile's graphs and caches, its warm-up's recompiles included
             regions = len(model.regions.roles) + 2 if model.regions is not None else 1
             for metric, value in backends.compile_rows(counted, backends.compile_counters(), regions).items():

@@ -35,6 +35,7 @@ from harness.stats.sequential import LookSchedule, half_width_rel, median_interv
 from harness.step import backends
 from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.timing import noise, paired
+from harness.timing.gpu import GpuProbe
 from harness.timing.timer import synchronize, time_steps
 from routers import BASELINE
 
@@ -250,7 +251,7 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
     group = [by_key[k] for k in keys]
     clocks = [noise.sm_clock_mhz(device)]
     try:
-        with noise.Probe() as probe, backends.recompile_guard(backend):
+        with noise.Probe() as probe, GpuProbe(device) as gpu, backends.recompile_guard(backend):
             got = time_rounds({k: steps[k] for k in keys}, device, opts, ratio_pairs(group), budget_s, beat)
         together = len(keys) > 1
     except Exception as exc:  # one broken step must not take the group down: find it by timing alone
@@ -271,7 +272,7 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
     timed = {k: got.times[k] for k in keys if k in got.times}
     bases = {c.key: p[0].key for c in group if (p := partners(c, group)) and p[0].router == BASELINE}
     readings = record_attempt(by_key, timed, w, attempt=attempt, base=keys[0] if together else None,
-                              readings=dict(probe.metrics(device)) if probe is not None else {},
+                              readings={**probe.metrics(device), **gpu.metrics()} if probe is not None else {},
                               clocks=clocks, stop=got.stop if together else "fixed",
                               conf=got.conf if together else None, bases=bases,
                               pairs_with={k: retimed for k in keys if retimed and k != retimed})

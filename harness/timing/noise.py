@@ -14,9 +14,16 @@ metric                    unit    meaning
 ``load_avg``              tasks   the 1-minute load average at the end of the timing
 ``iqr_rel``               ratio   IQR / median of the case's own step times (CUDA: event times)
 ``ci_width_rel``          ratio   (hi − lo) / ratio of the case's paired ratio to ``prenorm``
+``sm_clock_spread``       ratio   CUDA with ``nvidia-ml-py``: (max − min) / max of the SM clock
+                                  sampled over the timing (:class:`harness.timing.gpu.GpuProbe`)
+``gpu_temp_max``          C       CUDA with ``nvidia-ml-py``: the highest GPU temperature sampled
+``throttle_reasons``      bitmask CUDA with ``nvidia-ml-py``: NVML's clock-event reasons seen
+                                  (:data:`harness.timing.gpu.THROTTLE_BITS`; a reading, no threshold)
 ========================  ======  ==============================================================
 
-(on CUDA the SM clock is recorded as ``sm_clock_mhz``, read by :func:`sm_clock_mhz`.)
+(on CUDA the SM clock is also recorded before and after each timing as ``sm_clock_mhz``, read by
+:func:`sm_clock_mhz`, with or without ``nvidia-ml-py``; on CUDA the host's readings stay, since
+the host bounds an eager step.)
 
 A group is **noisy** when any stated threshold of :data:`THRESHOLDS` is crossed
 (:func:`noise_reasons`). The harness re-measures a noisy group while its steps are still held
@@ -43,12 +50,16 @@ import torch
 #: cpu_util_min: torch's intra-op threads of a small CPU step are not all busy even when quiet,
 #: so only a large drop counts; cpu_pressure_max: a fifth of the time with a task waiting for a
 #: CPU; iqr_rel_max / ci_width_rel_max: spreads that make a 5 % overhead unreadable.
+#: sm_clock_spread_max (CUDA with nvidia-ml-py, :mod:`harness.timing.gpu`): the SM clock moved by
+#: more than a tenth over the timing (boost, power or thermal throttling).
 THRESHOLDS: dict[str, float] = {"cpu_util_min": 0.35, "cpu_pressure_max": 0.20,
-                                "iqr_rel_max": 0.15, "ci_width_rel_max": 0.15}
+                                "iqr_rel_max": 0.15, "ci_width_rel_max": 0.15,
+                                "sm_clock_spread_max": 0.10}
 PRESSURE_FILE = Path("/proc/pressure/cpu")
 #: The unit column of each noise metric.
 UNITS = {"cpu_util": "ratio", "cpu_pressure": "ratio", "load_avg": "tasks", "iqr_rel": "ratio",
-         "ci_width_rel": "ratio"}
+         "ci_width_rel": "ratio", "sm_clock_spread": "ratio", "gpu_temp_max": "C",
+         "throttle_reasons": "bitmask"}
 
 
 def check_thresholds(values: Mapping[str, Any] | None, label: str = "--noise-thresholds") -> dict[str, float]:
@@ -197,6 +208,9 @@ def noise_reasons(m: Mapping[str, Any], thresholds: Mapping[str, float] = THRESH
         out.append(f"iqr_rel {v:.3f} > {thresholds['iqr_rel_max']:g}")
     if (v := val("ci_width_rel")) is not None and v > thresholds["ci_width_rel_max"]:
         out.append(f"ci_width_rel {v:.3f} > {thresholds['ci_width_rel_max']:g}")
+    top = thresholds.get("sm_clock_spread_max", THRESHOLDS["sm_clock_spread_max"])
+    if (v := val("sm_clock_spread")) is not None and v > top:
+        out.append(f"sm_clock_spread {v:.3f} > {top:g}")
     return out
 
 

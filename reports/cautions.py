@@ -1,0 +1,133 @@
+"""What the reader must know before trusting a number (the report's "Warnings" section): problems
+met reading the records, noisy timings, timings stopped short of their precision target, the GPU
+readings a CUDA run had, diverged training runs, and numbers the data itself contradicts.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.timing import noise
+
+from . import frame, paired, race, tables
+from . import plotting as pl
+
+
+def _thresholds(t: dict) -> str:
+    """``cpu_util_min 0.8`` -> ``cpu_util < 0.8``: the noise thresholds as the flags read."""
+    return ", ".join(f"{k.rsplit('_', 1)[0]} {'<' if k.endswith('_min') else '>'} {v:g}"
+                     for k, v in t.items())
+
+
+def warnings(df: pd.DataFrame) -> list[str]:
+    """What the reader must know before trusting a number: problems met reading the records, and
+    timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in
+    the paired table)."""
+    out = [f"Records: {p}" for p in df.attrs.get("record_problems", [])]
+    given = df.attrs.get("noise_thresholds")
+    if given and given != noise.THRESHOLDS:
+        out.append("Noise thresholds given to this report (not the defaults the run re-measured by): "
+                   + ", ".join(f"{k} {v:g}" for k, v in given.items()) + ".")
+    noisy = paired.noise_by_case(df, df.attrs.get("noise_thresholds"))
+    if noisy:
+        timed = frame.ok_rows(df, "step_time")["case_key"].nunique()
+        retimed = int((df.drop_duplicates("case_key")["attempts"] > 1).sum()) if "attempts" in df else 0
+        first = df.drop_duplicates("case_key").set_index("case_key", drop=False)
+        examples = "; ".join(f"{frame.case_label(first.loc[k])}: {', '.join(r)}"
+                             for k, r in list(noisy.items())[:5])
+        out.append(f"Noise: {len(noisy)} of {timed} timed cases were noisy in their last timing "
+                   f"({retimed} cases were timed more than once); their absolute times are unreliable, "
+                   f"their paired ratios are flagged (column \"noisy\": each reading that crossed its "
+                   f"threshold, {_thresholds(given or noise.THRESHOLDS)}; paired.csv keeps the full "
+                   f"reasons). E.g. {examples}.")
+    t = paired.paired_ratio_table(df, n_boot=200)
+    short = t[t["stop"].isin(["budget", "max_rounds"])] if len(t) else t
+    if len(short):
+        hw = ((short["ratio_hi"] - short["ratio_lo"]) / (2 * short["ratio"])).dropna()
+        out.append(f"Precision: the timing of {len(short)} of {len(t)} paired ratios stopped on its budget "
+                   f"or its last look before reaching --precision-target (column \"timing stopped\"); "
+                   + (f"their half-widths reached ±{hw.min():.1%} to ±{hw.max():.1%}." if len(hw) else
+                      "they have no interval."))
+    return (out + gpu_readings(df) + race.diverged_warnings(df, pl.variant_labels(df))
+            + consistency_warnings(df))
+
+
+def gpu_readings(df: pd.DataFrame) -> list[str]:
+    """What the GPU readings of a CUDA run's timings were (:mod:`harness.timing.gpu`): without
+    ``sm_clock_spread`` rows, one sentence saying that NVML was not read and what was; with them,
+    the widest clock spread, the hottest reading and the throttle reasons seen. Nothing for a run
+    without CUDA timings."""
+    from harness.timing.gpu import throttle_text
+
+    st = frame.ok_rows(df, "step_time")
+    if st.empty or not st["device"].astype(str).str.startswith("cuda").any():
+        return []
+    read = df[df["metric"].isin(["sm_clock_spread", "gpu_temp_max", "throttle_reasons"])
+              & (df["status"] == "ok") & df["value"].notna()]
+    if read.empty:
+        return ["GPU readings: these CUDA timings were taken without nvidia-ml-py (pynvml), so they hold "
+                "the SM clock before and after each timing (sm_clock_mhz) and the host's readings, not "
+                "the clock's spread over the timing, the temperature or the throttle reasons; install "
+                "nvidia-ml-py on the GPU machine to record them."]
+    get = {m: g["value"].astype(float) for m, g in read.groupby("metric")}
+    mask = 0
+    for v in get.get("throttle_reasons", []):
+        mask |= int(v)
+    parts = []
+    if "sm_clock_spread" in get:
+        parts.append(f"the SM clock moved by at most {get['sm_clock_spread'].max() * 100:.1f} % within a timing")
+    if "gpu_temp_max" in get:
+        parts.append(f"the hottest reading was {get['gpu_temp_max'].max():.0f} °C")
+    parts.append(f"clock-event reasons seen: {throttle_text(mask & ~0x1)}")
+    return ["GPU readings (NVML, sampled every 20 ms over each timing): " + "; ".join(parts) + "."]
+
+
+#: How far a paired and an unpaired ratio to prenorm may differ (relative) before they disagree.
+RATIO_TOLERANCE = 0.10
+
+
+#: Each mode does strictly more work than the one before it, so it must not be faster.
+MODE_ORDER = ("fwd", "fwd_bwd", "train_step")
+
+
+def consistency_warnings(df: pd.DataFrame, tolerance: float = RATIO_TOLERANCE) -> list[str]:
+    """Numbers that the data itself contradicts, as sentences: a case whose ``fwd`` is slower than
+    its ``fwd_bwd`` (or ``fwd_bwd`` slower than ``train_step``), a paired and an unpaired ratio to
+    prenorm that differ by more than ``tolerance``, skipped backends, and no CUDA device."""
+    out = []
+    st = tables.step_time_summary(df)
+    if not st.empty:
+        keys = [k for k in frame.CASE_KEYS if k != "mode"]
+        med = st.pivot_table(index=keys, columns="mode", values="median_ms", aggfunc="first")
+        for lighter, heavier in zip(MODE_ORDER, MODE_ORDER[1:]):
+            if lighter in med and heavier in med:
+                bad = med[med[lighter] > med[heavier]]
+                if len(bad):
+                    who = ", ".join(f"{r['variant']} {r['backend']} d={r['d_model']} L={r['n_layers']}"
+                                    for r in bad.reset_index().head(5).to_dict("records"))
+                    out.append(f"Inconsistent: {len(bad)} case(s) whose {lighter} step is slower than "
+                               f"its {heavier} step ({who}); their absolute times are not to be trusted.")
+        pt = paired.paired_ratio_table(df)
+        ov = tables.overhead_table(df)
+        if not pt.empty and not ov.empty:
+            on = [k for k in ("run_id", "backend", "compile_mode", "compile_scope", "mode", "workload", *frame.SHAPE_COLS,
+                              "variant") if k in pt and k in ov]
+            both = pt.merge(ov[[*on, "overhead_pct"]], on=on)
+            unpaired = 1 + both["overhead_pct"] / 100
+            off = both[(unpaired / both["ratio"] - 1).abs() > tolerance]
+            if len(off):
+                who = ", ".join(f"{r['variant']} {r['mode']} {r['backend']} d={r['d_model']} "
+                                f"L={r['n_layers']}: paired {r['ratio']:.2f}, "
+                                f"unpaired {1 + r['overhead_pct'] / 100:.2f}"
+                                for r in off.head(5).to_dict("records"))
+                out.append(f"Inconsistent: {len(off)} paired and unpaired ratios to prenorm differ by "
+                           f"more than {tolerance:.0%} ({who}); trust the paired ratio, whose two sides "
+                           "ran under the same load.")
+    skipped = df[(df["metric"] == "step_time") & (df["status"] == "skipped")]
+    for backend, g in skipped.groupby("backend"):
+        out.append(f"Skipped: backend {backend} ({g['case_key'].nunique()} cases): "
+                   f"{g['error'].iloc[0]}.")
+    if len(df) and not (df["device"].astype(str).str.startswith("cuda")).any():
+        out.append("No CUDA device: every time here is a CPU time; the routers' costs on a GPU "
+                   "(and the papers' claims) can differ widely.")
+    return out
