@@ -7,13 +7,15 @@ From the rows of a study run directory (mode ``study``, :mod:`harness.training.s
   seeds and per-seed values), and against ``block_attnres`` at the same depth, paired by seed: the
   mean difference Δ, the perplexity change 100·(exp(Δ) − 1) and a paired t-test over seeds
   (:func:`harness.stats.seeds.paired_t`; one seed gives "one seed: no test");
-- figures ``loss_vs_depth`` and ``gain_vs_depth``, each with the CSV of what it draws beside it;
+- figures ``loss_vs_depth`` and ``gain_vs_depth`` (the depth trend against ``block_attnres``,
+  paired by seed, with each depth's t-interval over seeds), each with the CSV of what it draws;
 - :func:`write_study`: ``study.md``, ``study.html``, ``study_table.csv``, ``study_runs.csv`` in
   the run directory, and the text the command prints.
 
 A tiny-scale study says "plumbing smoke test, not evidence" in the caption, the figures and the
-report. A diverged or failed run has no loss: it is left out of every mean and every pair, and
-the table says which seeds were left out.
+report; a char-scale study below the full step budget says it is a smoke test (the manifest's
+``budget_note``, :meth:`harness.spec.study.StudySpec.budget_note`). A diverged or failed run has
+no loss: it is left out of every mean and every pair, and the table says which seeds were left out.
 """
 
 from __future__ import annotations
@@ -266,13 +268,18 @@ def write_study(run_dir: Path | str) -> tuple[dict[str, Path], str]:
     title = ("Depth study (plumbing smoke test, not evidence)" if tiny else "Depth study") + f" — {d.name}"
     fig_title = manifest.get("scale_label", "").replace("plumbing smoke test, not evidence",
                                                         "PLUMBING SMOKE TEST, NOT EVIDENCE")
+    if manifest.get("budget_note"):
+        what = "a SMOKE TEST of the claim" if "smoke test" in manifest["budget_note"] else "a shortened study"
+        fig_title += f" — {manifest['max_steps']:,} steps per run: {what}"
     paths: dict[str, Path] = {}
     for name, frame in (("study_table.csv", table), ("study_runs.csv", runs)):
         frame.to_csv(d / name, index=False)
         paths[name] = d / name
     figs = {"loss_vs_depth": loss_vs_depth(runs, d, fig_title, order),
             "gain_vs_depth": gain_vs_depth(runs, table, d, fig_title, order)}
-    head = Section("Summary", [("text", cap)] + [("text", s) for s in words])
+    budget = manifest.get("budget_note")  # a step budget below the full study's: a smoke test
+    head = Section("Summary", [("text", cap)] + ([("text", f"Budget: {budget}.")] if budget else [])
+                   + [("text", s) for s in words])
     if BASELINE not in order:
         head.blocks.append(("text", f"{BASELINE} was not trained: no Δ, no test."))
     est = manifest.get("estimate") or {}
@@ -300,5 +307,6 @@ def write_study(run_dir: Path | str) -> tuple[dict[str, Path], str]:
     (d / "study.md").write_text(render_markdown(title, sections, d), encoding="utf-8")
     (d / "study.html").write_text(render_html(title, sections), encoding="utf-8")
     paths["study.md"], paths["study.html"] = d / "study.md", d / "study.html"
-    text = "\n".join([cap, "", shown.to_markdown(index=False, disable_numparse=True), "", *words])
+    text = "\n".join([cap, *([f"Budget: {budget}."] if budget else []), "",
+                      shown.to_markdown(index=False, disable_numparse=True), "", *words])
     return paths, text

@@ -260,6 +260,22 @@ def test_a_finished_runs_spec_repeats_its_case_set(tmp_path):
     _one_line_error(CliRunner().invoke(main, other), "started with timing.repeats = 2, not 3")
     no_train = [a for a in args if a != "--no-train"]
     _one_line_error(CliRunner().invoke(main, no_train), "race.train = false, not true")
+    # a spec.toml written before an option existed resumes: the missing key takes its default
+    spec = first / "spec.toml"
+    text = spec.read_text()
+    assert "supervise = false" in text
+    spec.write_text(text.replace("supervise = false\n", ""))
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    # and a supervised resume checks the options given, not the run's own spec.toml (its child
+    # process prints the line)
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-m", "harness.cli", *args, "--supervise"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=120)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("routerbench: error:") and "sweep.supervise = false, not true" in lines[0]
 
 
 def test_the_fallback_writer_gives_the_same_document():

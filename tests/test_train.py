@@ -268,3 +268,16 @@ def test_a_frequent_evaluation_cadence_states_its_cost(tmp_path, corpus):
     cfg = DecoderConfig(d_model=32, n_layers=2, n_heads=2, seq_len=32, batch_size=8)
     assert _n_params(cfg) == sum(p.numel() for p in __import__("workloads.decoder", fromlist=["Decoder"])
                                  .Decoder(cfg).parameters())
+
+
+def test_a_captured_steps_autocast_keeps_no_cache():
+    """A graphed bf16-mixed step must not read autocast's cached weight copies, freed when its
+    context exits after the capture: the captured step's autocast runs with its cache off."""
+    import torch
+
+    from harness.training.run import _autocast
+    with _autocast(torch.device("cpu"), "bf16-mixed"):
+        assert torch.is_autocast_cache_enabled()
+    with _autocast(torch.device("cpu"), "bf16-mixed", cache=False):
+        assert torch.is_autocast_cpu_enabled() and not torch.is_autocast_cache_enabled()
+    assert torch.is_autocast_cache_enabled()  # restored

@@ -161,9 +161,9 @@ class Run:
             if command != self.command:
                 raise ConfigError(f"--run-id {self.run_id}: {self.dir} holds a `routerbench {command}` run; "
                                   f"choose another --run-id for `routerbench {self.command}`")
-            try:
-                theirs = _comparable(to_toml(load(type(self.spec), {}, str(self.spec_path))[0],
-                                             self.spec.NOT_IN_FILE))
+            try:  # resolved as the new spec is: a key the file predates takes its default
+                stored, labels = load(type(self.spec), {}, str(self.spec_path))
+                theirs = _comparable(to_toml(stored.resolve(labels), self.spec.NOT_IN_FILE))
             except ConfigError as exc:
                 raise ConfigError(f"--run-id {self.run_id}: its {SPEC_FILE} no longer loads ({exc}); "
                                   "choose another --run-id") from None

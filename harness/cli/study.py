@@ -28,13 +28,15 @@ def depth_cmd(config, dry_run, **cli) -> None:
 
     Defaults: prenorm, rezero, layerscale, block_attnres, haares, wav_v1, mhc; depths 12,24,48 at the
     char-* presets' settings (d=512, T=256, B=32, 5000 steps), 3 seeds; --blocks 4; the embedded
-    corpus. --scale tiny: depths 4,8,16 at d=64, 200 steps, one seed, a plumbing smoke test.
+    corpus; --backend eager (cudagraph: the whole training step in one CUDA graph, CUDA only).
+    --scale tiny: depths 4,8,16 at d=64, 200 steps, one seed, a plumbing smoke test.
     The plan (runs, steps, estimated time range and peak memory) is printed before any model is
     built; --dry-run prints it and exits (the timed estimate runs only when the study does)."""
     command_started = time.perf_counter()
     import torch
 
     from harness.timing.noise import THRESHOLDS
+    from harness.training.config import train_unavailable_reason
     from harness.training.schedule import Trainer, choose_schedule
     from harness.training.study import all_runs, estimate_cost, fmt_duration, groups
 
@@ -43,12 +45,22 @@ def depth_cmd(config, dry_run, **cli) -> None:
     spec, labels = load_spec(StudySpec, cli, config)
     st = spec.study
     device = torch.device(spec.output.device)
+    unavailable = train_unavailable_reason(st.backend, device)
     if dry_run:
         click.echo(spec.scale_label())
         calibrate(plan_study(spec, device, corpus_vocab(st.data, labels("study.data"))),
                   spec.output.out, device).echo()
+        click.echo(backend_line(spec))
+        if note := spec.budget_note():
+            click.echo(f"budget: {note}")
+        if unavailable:
+            click.echo(f"note: {labels('study.backend')} {st.backend} cannot run here ({unavailable}): "
+                       "without --dry-run the study refuses it")
         click.echo("dry run: no model built, no run directory created")
         return
+    if unavailable:  # before the corpus, any model or the run directory: one line, exit 2
+        raise ConfigError(f"{labels('study.backend')} {st.backend}: {unavailable}; use --backend eager or "
+                          "compile here, or run the study on a CUDA device")
     corpus = load_corpus(st.data, labels("study.data"))
     scheds = {}
     for seed, depth, group in groups(spec, corpus, device):
@@ -66,6 +78,9 @@ def depth_cmd(config, dry_run, **cli) -> None:
     click.echo(spec.scale_label())
     forecast = calibrate(plan_study(spec, device, corpus.vocab_size), spec.output.out, device, run.run_id)
     forecast.echo()
+    click.echo(backend_line(spec))
+    if note := spec.budget_note():
+        click.echo(f"budget: {note}")
     run.announce(f"  ({len(runs)} runs: {len(spec.routers.routers)} routers x {len(st.depths)} depths x "
                  f"{st.seeds} seed{'s' * (st.seeds != 1)})")
     layout, cfg = spec.layout(), spec.decoder_config(st.depths[0])
@@ -101,6 +116,8 @@ def depth_cmd(config, dry_run, **cli) -> None:
                       "router_options": {str(d): spec.options_at(d) for d in st.depths},
                       "schedule": {str(d): s for d, s in scheds.items()}, "estimate": estimate,
                       "eval_every": st.eval_every, "max_steps": st.max_steps, "precision": st.precision,
+                      "backend": st.backend, "compile_scope": st.compile_scope,
+                      "full_max_steps": spec.full_steps(), "budget_note": spec.budget_note(),
                       "token_budget": st.max_steps * cfg.batch_size * cfg.seq_len,
                       "metric": "loss_at_token_budget", "plan": forecast.manifest(run.resumed)})
         started = time.perf_counter()
@@ -120,6 +137,20 @@ def depth_cmd(config, dry_run, **cli) -> None:
             from .train import diagnose
             diagnose(run.dir, run.device)  # what each router learned, per depth
     run.finish(command_started)
+
+
+#: What each backend does to a study run's step, as the plan says it.
+BACKEND_WORDS = {"eager": "each op launched from Python",
+                 "compile": "torch.compile(fullgraph=True), compiled once per run, off the clock",
+                 "cudagraph": "forward, backward, clip and AdamW captured in one CUDA graph per run, "
+                              "the capture off the clock"}
+
+
+def backend_line(spec) -> str:
+    """``backend: cudagraph (...), precision bf16-mixed`` for the plan."""
+    st = spec.study
+    scope = f", scope {st.compile_scope}" if st.compile_scope else ""
+    return f"backend: {st.backend}{scope} ({BACKEND_WORDS[st.backend]}), precision {st.precision}"
 
 
 COMMANDS = (study_group,)

@@ -90,7 +90,9 @@ def supervise(spec, run_dir: Path, run_id: str, out: str, max_restarts: int) -> 
         write_toml(spec, first, "routerbench run spec of a supervised child", spec.NOT_IN_FILE)
         restarts = 0
         while True:
-            spec_file = run_dir / SPEC_FILE if (run_dir / SPEC_FILE).exists() else first
+            # the first child gets the options given (a resumed run checks them against its
+            # spec.toml); a restart, the run's own spec.toml
+            spec_file = run_dir / SPEC_FILE if restarts and (run_dir / SPEC_FILE).exists() else first
             rc = run_child([sys.executable, "-m", "harness.cli", "run", "--config", str(spec_file),
                             "--out", out, "--run-id", run_id])
             if rc != EXIT_DEVICE_LOST:

@@ -18,14 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from harness.training.config import PRECISIONS, default_eval_every
+from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
+from harness.training.config import PRECISIONS, TRAIN_BACKENDS, default_eval_every
 from harness.training.schedule import SCHEDULES
 from routers import check_router_options
 from routers import router_options as _router_options
 from routers.errors import ConfigError
-from workloads.config import PRESETS, TRAINING_PRESETS, DecoderConfig
+from workloads.config import NOT_IN_OUR_SOURCES, PRESETS, TRAINING_PRESETS, DecoderConfig
 
-from .base import Labels, option
+from .base import Labels, given, option
 from .parts import (MAX_DEPTH, NOT_IN_FILE, Output, RouterSet, absolute, check_output, check_router_set,
                     resolve_device)
 
@@ -39,6 +40,9 @@ SCALE_DEFAULTS = {
     "char": {"depths": (12, 24, 48), "base": "char-12L"},
     "tiny": {"depths": (4, 8, 16), "base": "cpu-quick"},
 }
+#: Below this fraction of the full step budget a study is called a smoke test, above it a
+#: shortened study (:func:`budget_words`).
+SMOKE_FRACTION = 0.2
 #: Router options the study sets itself (the layout held fixed across depths).
 LAYOUT_OPTIONS = ("n_blocks", "block_unit")
 
@@ -72,6 +76,13 @@ class Study:
     lr: float | None = option("float", "Peak learning rate (default: the scale's preset).", min=0, min_open=True)
     warmup_steps: int | None = option("int", "Linear LR warm-up steps (default: the scale's preset).", min=0)
     precision: str | None = option("str", "fp32 (default) or bf16-mixed.", choices=PRECISIONS)
+    backend: str | None = option("str", "eager (default), compile, or cudagraph: every run's training step, "
+                                 "as `train --backend` (cudagraph: forward, backward, clip and AdamW "
+                                 "captured in one CUDA graph; CUDA only, refused elsewhere).",
+                                 choices=TRAIN_BACKENDS)
+    compile_scope: str | None = option("str", "With --backend compile: layer (one region per sublayer role) "
+                                       f"or model (the whole forward; default: {DEFAULT_COMPILE_SCOPE}).",
+                                       choices=COMPILE_SCOPES)
     schedule: str | None = option("str", "How the routers of one depth and seed advance: interleaved, "
                                   "sequential or auto (default).", choices=SCHEDULES)
     estimate_steps: int | None = option("int", "Steps timed per router and depth for the cost estimate "
@@ -131,6 +142,10 @@ class StudySpec:
                     raise ConfigError(f"{L('study.block_length')} {st.block_length} does not divide depth "
                                       f"{d} ({L('study.depths')}): the blocks would differ in length; choose "
                                       "a length that divides every depth, or --blocks")
+        if given(st, "compile_scope") and st.backend != "compile":
+            raise ConfigError(f"{L('study.compile_scope')} has no effect without {L('study.backend')} "
+                              "compile; drop it or add --backend compile")
+        backend = st.backend or "eager"
         tp = TRAINING_PRESETS[defaults["base"]]
         max_steps = st.max_steps or tp.max_steps.value
         eval_every = st.eval_every or (max(1, max_steps // 4) if scale == "tiny"
@@ -146,6 +161,8 @@ class StudySpec:
                           eval_every=eval_every, lr=st.lr or tp.lr.value,
                           warmup_steps=tp.warmup_steps.value if st.warmup_steps is None else st.warmup_steps,
                           precision=st.precision or "fp32", schedule=st.schedule or "auto",
+                          backend=backend, compile_scope=(st.compile_scope or DEFAULT_COMPILE_SCOPE)
+                          if backend == "compile" else None,
                           estimate_steps=st.estimate_steps or 3),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)))
         cfg0 = resolved.decoder_config(depths[0])
@@ -176,7 +193,7 @@ class StudySpec:
         st = self.study
         return TrainConfig(self.decoder_config(depth), target_loss=None, max_steps=st.max_steps,
                            eval_every=st.eval_every, lr=st.lr, warmup_steps=st.warmup_steps,
-                           precision=st.precision)
+                           precision=st.precision, backend=st.backend, compile_scope=st.compile_scope)
 
     def n_blocks_at(self, depth: int) -> int:
         """The block count at ``depth``: ``--blocks``, or depth / ``--block-length``."""
@@ -185,10 +202,10 @@ class StudySpec:
 
     def options_at(self, depth: int) -> dict[str, dict]:
         """Router -> the options it is built with at ``depth`` (the layout added to block routers)."""
-        given = self.routers.router_options or {}
+        set_by_user = self.routers.router_options or {}
         out = {}
         for r in self.routers.routers:
-            opts = dict(given.get(r, {}))
+            opts = dict(set_by_user.get(r, {}))
             if takes_blocks(r):
                 opts.update(n_blocks=self.n_blocks_at(depth), block_unit="layer")
             out[r] = opts
@@ -207,9 +224,45 @@ class StudySpec:
                               for d in st.depths}}
 
     def scale_label(self) -> str:
-        """How the scale is named in every output; the tiny one says it is no evidence."""
+        """How the scale is named in every output; the tiny one says it is no evidence. A backend
+        other than eager and a precision other than fp32 are named in it."""
         st = self.study
         cfg = self.decoder_config(st.depths[0])
+        how = "".join(f", {w}" for w in (f"backend {st.backend}" if st.backend not in (None, "eager") else "",
+                                         st.precision if st.precision not in (None, "fp32") else "") if w)
         what = (f"d={cfg.d_model}, T={cfg.seq_len}, B={cfg.batch_size}, {st.max_steps} steps, "
-                f"{st.seeds} seed{'s' * (st.seeds != 1)}, depths {','.join(map(str, st.depths))}")
+                f"{st.seeds} seed{'s' * (st.seeds != 1)}, depths {','.join(map(str, st.depths))}{how}")
         return f"scale tiny: {TINY_LABEL} ({what})" if st.scale == "tiny" else f"scale {st.scale} ({what})"
+
+    def full_steps(self) -> int:
+        """The step budget of the full study at this scale (the scale's preset: 5,000 for char)."""
+        return TRAINING_PRESETS[SCALE_DEFAULTS[self.study.scale]["base"]].max_steps.value
+
+    def budget_note(self) -> str | None:
+        """What a step budget below the full study's is (:func:`budget_words`), else None; None at
+        the tiny scale too, which says it is a plumbing smoke test already."""
+        if self.study.scale == "tiny":
+            return None
+        cfg = self.decoder_config(self.study.depths[0])
+        return budget_words(self.study.max_steps, self.full_steps(), cfg.batch_size * cfg.seq_len,
+                            self.study.scale)
+
+
+def budget_words(steps: int, full_steps: int, tokens_per_step: int, scale: str = "char") -> str | None:
+    """``"500 steps per run (4.1M tokens): a smoke test; the full study trains 5,000 steps (41M
+    tokens) per run, 10x more (...)"``, said by the study's plan, report and ``scripts/gpu_study.sh``
+    when ``steps`` is below the full budget (below :data:`SMOKE_FRACTION` of it: "a smoke test";
+    more: "a shortened study"); None at or above it. The char preset's 5,000 steps are ours: our
+    sources do not give the papers' char-level step budget, and the sentence says so."""
+    if steps >= full_steps:
+        return None
+    what = "a smoke test" if steps < SMOKE_FRACTION * full_steps else "a shortened study"
+    whose = ("the char-* presets' budget, ours: the papers' char-level step budget is "
+             f"{NOT_IN_OUR_SOURCES}" if scale == "char" else f"the {scale} scale's preset")
+    return (f"{steps:,} steps per run ({_tokens(steps * tokens_per_step)} tokens): {what}; the full "
+            f"study trains {full_steps:,} steps ({_tokens(full_steps * tokens_per_step)} tokens) per run, "
+            f"{full_steps / steps:.3g}x more ({whose})")
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else str(n)

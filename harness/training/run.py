@@ -72,15 +72,18 @@ from .rows import Evaluation, RunRows
 
 
 @contextlib.contextmanager
-def _autocast(device: torch.device, precision: str):
+def _autocast(device: torch.device, precision: str, cache: bool = True):
     """bf16 autocast for ``bf16-mixed`` (silencing RMSNorm's warning that its float32 weight meets a
-    bf16 input, which autocast handles), nothing for ``fp32``."""
+    bf16 input, which autocast handles), nothing for ``fp32``. ``cache=False`` for a step captured
+    in a CUDA graph: autocast's cache of bf16 weight copies is cleared when the context exits, and a
+    graph must not read copies made during its capture and freed after it (PyTorch's CUDA-graph notes
+    ask for ``cache_enabled=False``)."""
     if precision != "bf16-mixed":
         yield
         return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Mm]ismatch dtype.*")
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache):
             yield
 
 
@@ -257,7 +260,7 @@ class TrainRun(RunRows):
         for j, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
             hold = self.ddp is not None and j < n - 1
             with self.ddp.no_sync() if hold else contextlib.nullcontext():
-                with _autocast(self.device, self.tc.precision):
+                with _autocast(self.device, self.tc.precision, cache=self.tc.backend != "cudagraph"):
                     loss = lm_loss(self.fwd(xm), ym) / n
                 loss.backward()
             total = total + loss.detach()
