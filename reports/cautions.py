@@ -40,6 +40,14 @@ def warnings(df: pd.DataFrame) -> list[str]:
                    f"their paired ratios are flagged (column \"noisy\": each reading that crossed its "
                    f"threshold, {_thresholds(given or noise.THRESHOLDS)}; paired.csv keeps the full "
                    f"reasons). E.g. {examples}.")
+    left = frame.ok_rows(df, "left_noisy") if "metric" in df else df.iloc[:0]
+    if len(left):
+        n = left["case_key"].nunique()
+        out.append(f"Load: {n} noisy case{'s' * (n != 1)} kept {'their' if n != 1 else 'its'} first timing, "
+                   f"flagged noisy, because the machine was still busy when {'they' if n != 1 else 'it'} "
+                   f"would have been timed again (a task waited for a CPU up to "
+                   f"{left['value'].astype(float).max():.0%} of the last 10 s): timing again could not have "
+                   "made them quiet. Run again when nothing else runs to quote these ratios.")
     t = paired.paired_ratio_table(df, n_boot=200)
     short = t[t["stop"].isin(["budget", "max_rounds"])] if len(t) else t
     if len(short):

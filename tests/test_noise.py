@@ -131,6 +131,34 @@ def test_a_group_timed_under_load_is_flagged_noisy(tmp_path):
     assert pct in said[0] and "(noisy group)" in said[0]  # the number, flagged, never withheld
 
 
+def test_a_noisy_group_on_a_machine_still_busy_keeps_its_first_timing_flagged(tmp_path, monkeypatch):
+    """With the load planted at 60 % (fault ``busy=60``, above cpu_pressure_max 0.2) when the noisy
+    cases would be re-timed, nothing is timed again: one attempt, a ``left_noisy`` row with the
+    reading, and the report's warnings say so; a quiet machine (``busy=0``) re-times them."""
+    from reports import build_report
+    loud = dict(ALWAYS, cpu_pressure_max=0.2)
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "busy=60:*")
+    df = _sweep(tmp_path / "busy", replace(OPTS, noise_thresholds=loud, max_attempts=3, remeasure_s=600))
+    st = df[df.metric == "step_time"]
+    assert set(st.attempt) == {1} and st.groupby("router").size().tolist() == [6, 6]
+    left = df[df.metric == "left_noisy"]
+    assert left.value.tolist() == [0.6, 0.6] and left.attempt.tolist() == [1, 1]  # each noisy case, once
+    md = (build_report([tmp_path / "busy"], tmp_path / "rep", noise_thresholds=loud)["report.md"]).read_text()
+    assert ("Load: 2 noisy cases kept their first timing, flagged noisy, because the machine was still busy "
+            "when they would have been timed again (a task waited for a CPU up to 60% of the last 10 s)") in md
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "busy=0:*")
+    df = _sweep(tmp_path / "quiet", replace(OPTS, noise_thresholds=loud, max_attempts=2, remeasure_s=600))
+    assert set(df[df.metric == "step_time"].attempt) == {1, 2} and "left_noisy" not in set(df.metric)
+
+
+def test_the_busy_fault_takes_a_percentage():
+    from harness.rundir import faults
+    assert faults.parse("busy=0:*;busy=100:x") == [("busy", "*", 0), ("busy", "x", 100)]
+    for bad in ("busy:*", "busy=101:*"):
+        with pytest.raises(ValueError, match="busy needs its CPU pressure"):
+            faults.parse(bad)
+
+
 def test_the_report_uses_the_last_attempt_and_flags_noise_by_its_thresholds(tmp_path):
     from reports import build_report, load_frame
     d = tmp_path / "r"

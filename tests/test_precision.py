@@ -94,7 +94,7 @@ def test_progress_beats_every_cycle_and_at_each_look():
 def test_a_noisy_case_is_re_timed_alone_with_its_prenorm(tmp_path, monkeypatch):
     """jitter=MS (harness/rundir/faults.py) spreads haares's steps: only haares is re-timed, with
     prenorm as its partner, and its ratio uses that attempt's pairs only."""
-    monkeypatch.setenv("ROUTERBENCH_FAULT", "jitter=300:haares|*")
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "jitter=300:haares|*;busy=0:*")  # re-timed even on a busy machine
     # steps of ~10 ms (not ~1 ms), so a busy machine's preemptions stay far below the threshold
     # that half the steps spinning 300 ms crosses (IQR ≈ 2 medians)
     cfg = replace(TINY, seq_len=64, batch_size=4)

@@ -46,6 +46,10 @@ them). Kinds:
   four steps in a row spread by MS), a planted noisy case: its step times spread, so its timing is
   flagged noisy and re-timed (MEASUREMENT.md, "Noise on shared machines"), while the other cases of
   its group are not.
+- ``busy=PCT``: when the sweep asks whether the machine is still busy before it times a noisy
+  case of the matched case key again, the CPU pressure reads PCT % (0–100) instead of
+  ``/proc/pressure/cpu``'s avg10 (a planted load for the test that a group is left noisy, not
+  re-timed, while the load lasts; ``busy=0`` plants a quiet machine);
 - ``checkpoint_replaced=N``: the first N times ``routerbench diagnose`` is about to read the
   run's checkpoint, it is replaced first, as a training run in progress does at its next
   evaluation: renamed to the next step's name (``step-<N+1>.pt``), so the path chosen is gone
@@ -70,7 +74,7 @@ from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
 KINDS = ("oom", "crash", "hang", "device_error", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "kill_in_unit",
-         "kill_after_commit", "slow", "jitter", "checkpoint_replaced")
+         "kill_after_commit", "slow", "jitter", "busy", "checkpoint_replaced")
 
 
 #: Kinds whose entry carries a number > 0: kind -> (what the number is, its name in messages).
@@ -96,6 +100,8 @@ def parse(spec: str | None) -> list[tuple[str, str, int | None]]:
         if kind in NEEDS_ARG and not (eq and int(arg) > 0):
             what, n = NEEDS_ARG[kind]
             raise ValueError(f"{ENV}: entry {entry!r}: {kind} needs {what}, {kind}={n}:GLOB with {n} > 0")
+        if kind == "busy" and not (eq and int(arg) <= 100):
+            raise ValueError(f"{ENV}: entry {entry!r}: busy needs its CPU pressure, busy=PCT:GLOB with 0 <= PCT <= 100")
         out.append((kind, glob, int(arg) if eq else None))
     return out
 
@@ -108,6 +114,15 @@ def fault_entry(case_key: str) -> tuple[str, int | None] | None:
     for kind, glob, arg in parse(spec):
         if fnmatch.fnmatchcase(case_key, glob):
             return kind, arg
+    return None
+
+
+def planted_pressure(case_key: str) -> float | None:
+    """The CPU pressure (a ratio) planted for ``case_key`` by the first matching ``busy=PCT`` entry
+    (beside any other fault of the case), or None."""
+    for kind, glob, arg in parse(os.environ.get(ENV)):
+        if kind == "busy" and fnmatch.fnmatchcase(case_key, glob):
+            return arg / 100.0
     return None
 
 

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from harness.rundir import faults
 from harness.rundir.writer import StagingWriter
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI
 from harness.stats.sequential import LookSchedule, half_width_rel, median_interval, ratio_interval
@@ -236,11 +237,24 @@ class GroupTiming:
     """What :func:`time_group` measured: each case's final status, the step times (ms) of the last
     attempt of each case that timed ``ok`` (index ``i`` = round ``i`` where paired), and the
     attempt numbers of each case's own timings (the group's timings are numbered 1, 2, … in order;
-    a re-timed case's partners are timed in its attempt, not their own)."""
+    a re-timed case's partners are timed in its attempt, not their own), and the CPU pressure of
+    each noisy case left with its timing because the machine was still busy (:func:`still_busy`)."""
 
     status: dict[str, str] = field(default_factory=dict)
     times: dict[str, list[float]] = field(default_factory=dict)
     attempts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    left_noisy: dict[str, float] = field(default_factory=dict)
+
+
+def still_busy(case_key: str, opts: SweepOptions) -> float | None:
+    """The machine's CPU pressure (a ratio: ``/proc/pressure/cpu`` avg10, or the ``busy=PCT``
+    fault planted for ``case_key``) when it is above ``cpu_pressure_max`` of
+    ``opts.noise_thresholds``, so that a timing started now would read noisy again; else None
+    (quiet, or no PSI on this machine)."""
+    p = faults.planted_pressure(case_key)
+    p = noise.pressure_avg10() if p is None else p
+    top = (opts.noise_thresholds or noise.THRESHOLDS).get("cpu_pressure_max", noise.THRESHOLDS["cpu_pressure_max"])
+    return p if p is not None and p > top else None
 
 
 def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: SweepOptions, *,
@@ -291,8 +305,10 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
     timing that stopped ``precise`` only they do, not the spread of the times). A noisy
     case is then timed again with its :func:`partners` as a new attempt of that case (its ratios
     use that attempt's pairs only); a noisy prenorm re-times the whole group. Re-timing goes on
-    while a case is noisy, up to ``opts.max_attempts`` timings of it, and only while the next
-    timing (estimated from the step times of the last) fits in ``opts.remeasure_s`` seconds. If
+    while a case is noisy, up to ``opts.max_attempts`` timings of it, only while the next
+    timing (estimated from the step times of the last) fits in ``opts.remeasure_s`` seconds, and
+    only when the machine is not still busy (:func:`still_busy`): a case that would be re-timed on a
+    busy machine keeps its timing, flagged noisy, with a ``left_noisy`` row (the pressure). If
     the interleaved timing fails, each step is timed alone (one attempt) so the failure lands on
     its case.
 
@@ -327,6 +343,15 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
         est = (rounds + 1) * sum(float(np.median(result.times[x])) for x in todo) / 1e3
         left = opts.remeasure_s - spent
         if est > left:
+            continue
+        if (busy := still_busy(k, opts)) is not None:  # timing again cannot make it quiet: keep it, flagged
+            w.write(**by_key[k].columns(), metric="left_noisy", value=busy, unit="ratio",
+                    attempt=max(result.attempts.get(k, (1,))))
+            result.left_noisy[k] = busy
+            if beat is not None:
+                beat("timing", 1, text=f"{k.split('|')[0]} left noisy: the machine is still busy (a task "
+                     f"waited for a CPU {busy:.0%} of the last 10 s); timing again cannot make it quiet",
+                     round=0)
             continue
         t0 = time.perf_counter()
         timings += 1

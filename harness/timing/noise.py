@@ -124,8 +124,9 @@ def busy_warning(text: str | None = None, threshold: float = THRESHOLDS["cpu_pre
     if avg10 is None or avg10 <= threshold:
         return None
     return (f"warning: this machine is busy before the start: a task waited for a CPU {avg10:.0%} of the "
-            f"last 10 s (/proc/pressure/cpu avg10, noisy above {threshold:.0%}); expect noisy groups, "
-            "re-timing and wide CIs, or run when nothing else does")
+            f"last 10 s (/proc/pressure/cpu avg10, noisy above {threshold:.0%}); a noisy group is timed "
+            "again only once the load has dropped, else it keeps its first timing, flagged noisy; run "
+            "again when nothing else runs for numbers you can quote")
 
 
 @dataclass
