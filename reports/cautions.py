@@ -19,6 +19,24 @@ def _thresholds(t: dict) -> str:
                      for k, v in t.items())
 
 
+def incomplete(df: pd.DataFrame, manifests: dict[str, dict]) -> list[str]:
+    """One sentence per cost run that holds fewer cases than it planned (``manifest.json``'s
+    ``cases``): a run stopped early (interrupted, crashed, out of time) whose missing cases a
+    resume would measure."""
+    out = []
+    rows = frame.cost_rows(df)
+    for run_id, m in (manifests or {}).items():
+        planned = m.get("cases") if m.get("command") == "run" else None
+        if not isinstance(planned, int) or planned <= 0:
+            continue
+        got = rows[(rows["run_id"] == run_id) & (rows["metric"] == "step_time")]["case_key"].nunique()
+        if got < planned:
+            out.append(f"Incomplete: run {run_id} holds {got} of the {planned} cost cases it planned; the "
+                       "others were never measured (the run was stopped or its process died): "
+                       "`routerbench status` on its directory says how to resume it.")
+    return out
+
+
 def warnings(df: pd.DataFrame) -> list[str]:
     """What the reader must know before trusting a number: problems met reading the records, and
     timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in

@@ -272,7 +272,7 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
         sections[0].blocks[len(said):len(said)] = _race_headline(df, manifests)
     if train is not None and not has_cost:  # a training run: its sentences are the summary
         sections.append(train)
-    warnings = cautions.warnings(df)
+    warnings = cautions.incomplete(df, manifests) + cautions.warnings(df)
     for run_id, m in manifests.items():
         split = (m.get("group_memory") or {}).get("split") or []
         if split:
@@ -297,8 +297,9 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
                                                         if has_train else ".")), drop=_FAILURE_FOLDED))
     aborted = {str(d): aborted_summary(d) for d in run_dirs}
     if any(a["units"] for a in aborted.values()):
-        fails.blocks.append(("text", "Units cut short and measured again (their rows are kept in "
-                                     "aborted/ and never used here): " + "; ".join(
+        fails.blocks.append(("text", "Units cut short (an interrupt, a crash or a sticky device error; their rows "
+                                     "are kept in aborted/ and never used here, and a resume measures their "
+                                     "cases again): " + "; ".join(
             f"{d}: {a['units']} unit(s), {a['rows']} row(s)" for d, a in aborted.items() if a["units"])))
     env = environment_table(run_dirs)
     head = Section("Environment", table_blocks(

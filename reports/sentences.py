@@ -260,7 +260,8 @@ def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
             continue
         quoted.append(key)
         if key == "eager" and flagged:
-            p += f" (host-bound: the GPU was busy {busy * 100:.0f} % of the step)"
+            whose = "prenorm's eager step" if r.get("busy_of") == "prenorm" else "the step"
+            p += f" (host-bound: the GPU was busy {busy * 100:.0f} % of {whose})"
         if ok(r.get(f"{key}_floor")):
             p += f" ({r[f'{key}_floor']:.1f}× floor)"
         parts.append(p)

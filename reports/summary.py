@@ -43,7 +43,7 @@ METHOD = ("Each sentence quotes the row of the table below: the per-pair step-ti
           "'imprecise', one timed on a busy machine 'noisy group'; unpaired medians are in the detail "
           "tables below.")
 COLUMNS = ["run_id", "router", "impl", "mode", "device", "d_model", "n_layers", "seq_len", "batch_size",
-           "eager_ratio", "eager_lo", "eager_hi", "eager_noisy", "eager_floor", "busy_share",
+           "eager_ratio", "eager_lo", "eager_hi", "eager_noisy", "eager_floor", "busy_share", "busy_of",
            "compile_ratio", "compile_lo", "compile_hi", "compile_noisy", "compile_floor",
            "cudagraph_ratio", "cudagraph_lo", "cudagraph_hi", "cudagraph_noisy", "cudagraph_floor",
            "saved_ratio"]
@@ -59,7 +59,7 @@ COLUMN_STYLE = {
     "cudagraph_lo": ("graph replay CI low", "{:.3f}"), "cudagraph_hi": ("graph replay CI high", "{:.3f}"),
     "cudagraph_noisy": ("graph replay noisy", None), "eager_floor": ("eager × floor", "{:.1f}"),
     "compile_floor": ("compiled × floor", "{:.1f}"), "cudagraph_floor": ("graph replay × floor", "{:.1f}"),
-    "busy_share": ("GPU busy (eager, share of step)", "{:.2f}"),
+    "busy_share": ("GPU busy (eager, share of step)", "{:.2f}"), "busy_of": ("GPU busy: whose step", None),
     "best_mfu_pct": ("best MFU (%)", "{:.2f}"), "best_mfu_backend": ("best MFU in", None),
 }
 
@@ -144,12 +144,16 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
         out = out.merge(b, on=keys, how="left")
     if not busy_t.empty:
         out = out.merge(busy_t, on=busy.KEYS, how="left")
+        out["busy_of"] = out["busy_share"].notna().map({True: "prenorm", False: None})
     rec = busy.recorded_busy(df)
     if not rec.empty:  # the case's own traced share, where the sweep recorded one
         rec = rec.rename(columns={"busy_share": "_busy_rec"})
         out = out.merge(rec, on=[*busy.KEYS, "router", "impl"], how="left")
+        mine = out["_busy_rec"].notna()
         out["busy_share"] = out["_busy_rec"].combine_first(out["busy_share"]) if "busy_share" in out \
             else out["_busy_rec"]
+        out["busy_of"] = out["busy_of"].where(~mine, "router") if "busy_of" in out else mine.map(
+            {True: "router", False: None})
         out = out.drop(columns="_busy_rec")
     ov = tables.overhead_table(df)
     if not ov.empty:

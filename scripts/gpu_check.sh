@@ -26,7 +26,7 @@
 #
 # Usage: bash scripts/gpu_check.sh [--budget SECONDS | SECONDS] [--out DIR] [--wheels DIR]
 #                                  [--no-flops] [--dry-run]
-#   --budget S   total wall time in seconds, 120 to 86400 (default 300)
+#   --budget S   total wall time: seconds, or 5m / 1h (120 s to 24 h; default 300)
 #   --out DIR    output root (default results/gpu-check in the checkout); this check writes
 #                DIR/<tag>/ (run directories under runs/, report/, gpu_check.log) and DIR/<tag>.tar.gz
 #   --wheels DIR wheels to install into DIR/site with --no-index --no-deps (default: wheels/ in the
@@ -67,10 +67,12 @@ while (($#)); do
     *) set_budget "$1"; shift ;;
   esac
 done
-if [[ ! $BUDGET =~ ^[0-9]{1,6}$ ]] || ((10#$BUDGET < 120 || 10#$BUDGET > 86400)); then
-  die "--budget must be whole seconds from 120 to 86400, not '$BUDGET'"
+if [[ ! $BUDGET =~ ^([0-9]{1,6})(s|m|h)?$ ]]; then
+  die "--budget must be whole seconds, or minutes or hours with m or h (300, 5m, 1h), from 120 s to 24 h, not '$BUDGET'"
 fi
-BUDGET=$((10#$BUDGET))
+case ${BASH_REMATCH[2]} in m) BUDGET=$((10#${BASH_REMATCH[1]} * 60)) ;; h) BUDGET=$((10#${BASH_REMATCH[1]} * 3600)) ;;
+  *) BUDGET=$((10#${BASH_REMATCH[1]})) ;; esac
+((BUDGET >= 120 && BUDGET <= 86400)) || die "--budget must be from 120 s to 24 h (86400 s), not $BUDGET s"
 [ -n "$OUT_ROOT" ] || die "--out needs a folder"
 if [ -n "$WHEELS" ]; then
   [ -d "$WHEELS" ] || die "--wheels $WHEELS is not a folder"
@@ -93,7 +95,7 @@ command -v timeout >/dev/null || die "needs \`timeout\` (GNU coreutils)"
 # NEED: seconds a stage's command needs at the least to be worth starting (less: skipped, and its
 # time goes on to the next stage); for compile, per router.
 STAGES=(setup tests graph compile impls lean train results)
-WEIGHTS=(5 22 27 22 9 7 8)
+WEIGHTS=(5 25 26 20 9 7 8)
 NEED=(0 20 40 45 25 20 20 0)
 WHAT=("wheels, versions, optional packages, routerbench list"
       "CUDA-only tests (pytest -m cuda)"
@@ -141,7 +143,10 @@ elapsed() { echo "$((SECONDS))"; }
 stage() {   # stage I: begin stage I (its deadline: the end of its cumulative share)
   STAGE=${STAGES[$1]} STAGE_END=${END[$1]}
   if ((DRY)); then
-    echo; echo "[${STAGE}] ${SHARE[$1]} s, until ${STAGE_END} s: ${WHAT[$1]}"
+    local short=""
+    ((SHARE[$1] < NEED[$1])) && short=" (below the ${NEED[$1]} s it needs: runs only on time earlier stages leave)"
+    [[ $STAGE == compile ]] && ((SHARE[$1] >= NEED[$1])) && short=" (at ${NEED[$1]} s a router, about $((SHARE[$1] / NEED[$1])) of ${#BLOCK_ROUTERS[@]} routers fit unless earlier stages leave time)"
+    echo; echo "[${STAGE}] ${SHARE[$1]} s, until ${STAGE_END} s: ${WHAT[$1]}${short}"
   else
     echo; echo "== stage ${STAGE}: ${WHAT[$1]} (at $(elapsed) s; until ${STAGE_END} s of ${BUDGET} s)"
   fi

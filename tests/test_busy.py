@@ -50,7 +50,7 @@ def test_a_cuda_run_with_graph_rows_quotes_both_backends_and_flags_eager_host_bo
     assert row["mode"] == "fwd_bwd"  # the mode with two backends, not the heavier train_step
     assert row.busy_share == pytest.approx(4.95 / 13.6)
     assert said == ["haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +50 % eager "
-                    "[CI 50 to 50 %] (host-bound: the GPU was busy 36 % of the step); +20 % graph "
+                    "[CI 50 to 50 %] (host-bound: the GPU was busy 36 % of prenorm's eager step); +20 % graph "
                     "replay [CI 20 to 20 %]; graph replay measures the router's device cost, eager "
                     "mostly host overhead."]
 
@@ -78,7 +78,8 @@ def test_the_h200_graph_run_quotes_graph_replay_and_flags_host_bound_eager(tmp_p
     full = next(s for s in said if s.startswith("full_attnres "))
     assert "fwd_bwd" in full and "% graph replay [CI" in full
     assert table.loc[table.router == "full_attnres", "cudagraph_ratio"].iloc[0] > 1
-    assert "% eager [CI" in full and "(host-bound: the GPU was busy 36 % of the step)" in full
+    assert "% eager [CI" in full and "(host-bound: the GPU was busy 36 % of prenorm's eager step)" in full
+    assert set(table.busy_of) == {"prenorm"}  # inferred from prenorm's graph rows, not traced per router
 
 
 # --- measured: the traced device-busy share and NVML readings (harness/timing/gpu.py) ----------
@@ -170,7 +171,7 @@ def test_a_recorded_busy_share_is_the_routers_own_and_wins_over_the_inferred_one
                     mode="fwd_bwd", workload="decoder", d_model=16, n_layers=2, n_heads=2, seq_len=8,
                     batch_size=2, dtype="float32", seed=0, metric="device_busy", value=0.55, unit="ratio")
     said, table = cost_sentences(load_frame([tmp_path]))
-    assert table.iloc[0].busy_share == pytest.approx(0.55)
+    assert table.iloc[0].busy_share == pytest.approx(0.55) and table.iloc[0].busy_of == "router"
     assert "(host-bound: the GPU was busy 55 % of the step)" in said[0]
 
 

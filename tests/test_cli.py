@@ -164,3 +164,15 @@ def test_a_malformed_fault_hook_value_or_a_mistyped_command_is_one_line(monkeypa
     assert res.exit_code == 2 and "No such command 'trian'. Did you mean 'train'?" in res.stderr
     res = CliRunner().invoke(main, ["xyzzy"])
     assert res.exit_code == 2 and "Did you mean" not in res.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--widths", "64", "--widths", "128"], "--widths is given twice; give it once (a list is one comma-separated value"),
+    (["--widths=64", "--widths", "128"], "--widths is given twice"),
+    (["--quiet", "--no-quiet"], "--quiet and --no-quiet are both given; give one of them"),
+])
+def test_an_option_given_twice_is_refused_in_one_line(args, needle):
+    res = CliRunner().invoke(main, ["run", "--dry-run", "--no-train", *args])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("routerbench: error: ")
+    assert needle in lines[0], lines[0]

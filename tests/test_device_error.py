@@ -93,6 +93,9 @@ def test_supervised_sweep_loses_only_the_case_that_poisoned_its_process(tmp_path
     lines = res.stderr.splitlines()
     assert sum("resuming the rest of the run in a new process (restart 1)" in ln for ln in lines) == 1
     assert any("a sticky device error" in ln and "the supervisor resumes the run" in ln for ln in lines)
+    assert lines[-1] == (f"supervisor: the run finished after 1 restart in a new process; 1 case lost to a sticky "
+                         f"device error is an error row (rezero): {sys.executable} -m harness.cli status "
+                         f"{next(tmp_path.glob('*/t'))}")
     manifest = json.loads((next(tmp_path.glob("*/t")) / "manifest.json").read_text())
     assert len(manifest["sessions"]) == 2
 

@@ -235,7 +235,8 @@ def test_manifest_holds_the_plan_and_the_actual_time(tmp_path, monkeypatch):
     quiet = tmp_path / "pressure"
     quiet.write_text("some avg10=1.00 avg60=1.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     monkeypatch.setattr(noise, "PRESSURE_FILE", quiet)
-    args = ["run", *SMALL, "--backends", "eager", "--widths", "16", "--repeats", "2", "--max-attempts", "1",
+    small = [("16" if a == "16,32" else a) for a in SMALL]  # one width
+    args = ["run", *small, "--backends", "eager", "--repeats", "2", "--max-attempts", "1",
             "--warmup-s", "0", "--no-report", "--quiet", "--out", tmp_path]
     res = invoke(*args, "--run-id", "r1")
     assert res.exit_code == 0, res.output
@@ -251,3 +252,29 @@ def test_manifest_holds_the_plan_and_the_actual_time(tmp_path, monkeypatch):
     assert "calibrated on 1 earlier run on this device" in res.output
     m2 = json.loads(next(tmp_path.glob("*/r2/manifest.json")).read_text())
     assert m2["plan"]["calibration"]["run_ids"] == ["r1"]
+
+
+def test_a_plan_above_the_free_memory_is_refused_before_any_work(tmp_path):
+    """8.7 TB by estimate on any machine: one line, exit 2, nothing written, the options to lower."""
+    res = CliRunner().invoke(main, ["run", "--dry-run", "--depths", "2048", "--widths", "4096", "--routers",
+                                    "prenorm", "--no-train", "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("routerbench: error: this plan needs "), res.output
+    assert "GiB by estimate" in lines[0] and "free: lower --widths, --depths, --batch-size or --seq-len" in lines[0]
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_memory_compares_the_peak_with_the_free_bytes():
+    import torch
+
+    from harness.cli.forecast import Plan
+    from routers.errors import ConfigError
+    plan = Plan("run", "plan", {}, [], "", peak_bytes=3 * 2**30, peak_what="group 1: 2 cases resident")
+    assert plan.check_memory(torch.device("cpu"), "--widths", free=4 * 2**30) is None  # fits: nothing said
+    warn = plan.check_memory(torch.device("cpu"), "--widths", free=2 * 2**30)  # within the estimate's slack
+    assert warn.startswith("warning: this plan needs 3.0 GiB by estimate (group 1: 2 cases resident) and cpu "
+                           "has 2.0 GiB free; the estimate is soft (within 2x)")
+    with pytest.raises(ConfigError, match=r"needs 3\.0 GiB by estimate \(group 1: 2 cases resident\) and cpu "
+                                          r"has 1\.0 GiB free: lower --widths"):
+        plan.check_memory(torch.device("cpu"), "--widths", free=2**30)

@@ -83,9 +83,11 @@ def test_dry_run_plans_every_stage_with_budgets_that_add_up(dry, args, budget):
 
 def test_the_default_plan_and_a_longer_budget(dry):
     five, ten = _plan(dry[()][0].stdout), _plan(dry[("--budget", "600")][0].stdout)
-    assert [b for _, b, _ in five] == [13, 57, 72, 57, 23, 18, 20, 40]
-    assert [b for _, b, _ in ten] == [26, 116, 145, 116, 47, 36, 42, 72]
+    assert [b for _, b, _ in five] == [13, 65, 69, 52, 23, 18, 20, 40]
+    assert [b for _, b, _ in ten] == [26, 132, 140, 105, 47, 36, 42, 72]
     assert _plan(dry[("600",)][0].stdout) == ten  # a positional budget is the same as --budget
+    minutes = subprocess.run(["bash", str(CHECK), "--dry-run", "--budget", "10m"], capture_output=True, text=True)
+    assert minutes.returncode == 0 and _plan(minutes.stdout) == ten  # 10m = 600 s
 
 
 def _commands(stdout: str) -> list[list[str]]:

@@ -395,3 +395,28 @@ def test_the_summary_quotes_one_compiled_ratio_per_router_the_default_scope(tmp_
     from reports.summary import cost_summary
     t = cost_summary(load_frame([tmp_path / "a"]))
     assert len(t) == 1 and t.iloc[0]["compile_ratio"] == pytest.approx(1.2)
+
+
+def test_a_run_holding_fewer_cases_than_it_planned_is_called_incomplete_first(tmp_path):
+    import json as _json
+
+    from harness.rundir.records import MANIFEST_FILE
+    from harness.rundir.writer import RunWriter
+    from reports.cautions import incomplete
+    from reports.frame import load_manifests
+    d = tmp_path / "r"
+    with RunWriter(d, "r", "s") as w:
+        for router in ("prenorm", "rezero"):
+            with w.unit([router], kind="group") as u:
+                u.write(case_key=router, router=router, impl="naive", backend="eager", mode="fwd",
+                        workload="decoder", d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2,
+                        dtype="float32", seed=0, metric="step_time", value=1.0, unit="ms", repeat=0)
+    (d / MANIFEST_FILE).write_text(_json.dumps({"run_id": "r", "command": "run", "cases": 3}))
+    df = load_frame([d])
+    assert incomplete(df, load_manifests([d])) == [
+        "Incomplete: run r holds 2 of the 3 cost cases it planned; the others were never measured (the run "
+        "was stopped or its process died): `routerbench status` on its directory says how to resume it."]
+    (d / MANIFEST_FILE).write_text(_json.dumps({"run_id": "r", "command": "run", "cases": 2}))
+    assert incomplete(df, load_manifests([d])) == []
+    md = build_report([d], tmp_path / "rep")["report.md"].read_text()
+    assert "Incomplete:" not in md

@@ -73,6 +73,8 @@ class _Group(click.Group):
             formatter.write_dl([(name, SHORT_HELP[name]) for name in self.list_commands(ctx)])
 
     def main(self, args=None, prog_name=None, **kw):
+        if (twice := repeated_option(sys.argv[1:] if args is None else args)) is not None:
+            _fail(twice)
         try:
             return super().main(args=args, prog_name=prog_name or "routerbench", standalone_mode=False, **kw)
         except click.exceptions.NoArgsIsHelpError as exc:
@@ -110,6 +112,26 @@ class _Group(click.Group):
             _fail(str(exc))
 
 
+def repeated_option(args) -> str | None:
+    """Why ``args`` name one option twice (``--widths 64 --widths 128``, or ``--quiet`` and
+    ``--no-quiet``), or None. Click would keep the last silently; every option of routerbench takes
+    one value (lists are comma-separated), so a repeat is refused before any work."""
+    seen: dict[str, str] = {}
+    for tok in args or ():
+        if tok == "--":
+            break
+        if not isinstance(tok, str) or not tok.startswith("--") or tok in ("--help",):
+            continue
+        flag = tok.split("=", 1)[0]
+        name = "--" + flag[5:] if flag.startswith("--no-") else flag
+        if name in seen:
+            if seen[name] != flag:
+                return f"{seen[name]} and {flag} are both given; give one of them"
+            return f"{flag} is given twice; give it once (a list is one comma-separated value, e.g. --widths 64,128)"
+        seen[name] = flag
+    return None
+
+
 def _fail(msg: str) -> None:
     click.echo(f"routerbench: error: {' '.join(str(msg).split())}", err=True)
     sys.exit(2)
@@ -117,7 +139,10 @@ def _fail(msg: str) -> None:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Benchmark and profile residual routers in decoder-only Transformers."""
+    """Benchmark and profile residual routers in decoder-only Transformers.
+
+    Every option takes one value (a list is one comma-separated value: --widths 64,128); an
+    option given twice is refused."""
 
 
 signal.signal(signal.SIGINT, _previous_sigint)  # the commands install their own (harness.cli.common)

@@ -48,6 +48,11 @@ def _n(k: int, word: str) -> str:
     return f"{k} {word}{'s' * (k != 1)}"
 
 
+#: How far a plan's estimated peak memory may exceed the free memory and still be tried (with a
+#: warning): the estimate is soft (:meth:`Plan.check_memory`).
+MEMORY_SLACK = 2.0
+
+
 @dataclass
 class Plan:
     """A command's plan: its first line, the parts of its estimate (seconds, uncalibrated), how
@@ -96,6 +101,35 @@ class Plan:
     def echo(self) -> None:
         for line in self.lines():
             click.echo(line)
+
+    def check_memory(self, device, change: str, free: int | None = None) -> str | None:
+        """Refuse a plan whose estimated peak memory is more than :data:`MEMORY_SLACK` times what
+        ``device`` has free, before any work, in one line naming the options to ``change``; warn
+        (return the warning) when it exceeds the free memory by less.
+
+        The estimate is soft (:mod:`harness.costs.estimate`: activations by Korthikanti et al.'s
+        count with attention scores materialised, which a fused attention does not hold; no
+        router state, no allocator overhead), so only a plan that misses by more than that factor
+        is refused.
+
+        Returns:
+            the warning, or None when the plan fits.
+
+        Raises:
+            ConfigError: the estimate exceeds ``MEMORY_SLACK`` × ``free`` bytes (default: the
+            device's free memory, :func:`harness.costs.memory.available_bytes`).
+        """
+        from harness.costs.memory import available_bytes
+        from routers.errors import ConfigError
+        free = available_bytes(device) if free is None else free
+        if self.peak_bytes <= free:
+            return None
+        what = (f"this plan needs {fc.fmt_bytes(self.peak_bytes)} by estimate ({self.peak_what}) and "
+                f"{device.type} has {fc.fmt_bytes(free)} free")
+        if self.peak_bytes > MEMORY_SLACK * free:
+            raise ConfigError(f"{what}: lower {change}")
+        return (f"warning: {what}; the estimate is soft (within {MEMORY_SLACK:g}x), so the run goes on, "
+                f"but it may run out of memory: lower {change} to be safe")
 
     def manifest(self, resumed: bool = False) -> dict:
         """The manifest's ``plan``: ranges as ``[low, high]`` seconds."""

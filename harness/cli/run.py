@@ -14,7 +14,7 @@ from harness.sweep.options import timing_manifest
 from . import SHORT_HELP
 from ..spec import RunSpec
 from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
-from .common import DEFAULT_OUT, Run, load_spec, spec_options
+from .common import DEFAULT_OUT, Run, load_spec, program, spec_options
 from .forecast import EMBEDDED_VOCAB, calibrate, corpus_vocab, dry_run_option, plan_run
 from .report import write_report
 from .supervise import supervise, supervised_child
@@ -56,6 +56,9 @@ def run_cmd(config, dry_run, **cli) -> None:
         tc = TrainConfig(preset(RACE_PRESET), target_loss=spec.race.target_loss,
                          max_steps=spec.race.train_steps, eval_every=RACE_EVAL_EVERY)
     forecast = plan_run(spec, cases, opts, device, tc, spec.race_options(), vocab)
+    if warn := forecast.check_memory(device, "--widths, --depths, --batch-size or --seq-len (or pick a "
+                                             "smaller --preset)"):
+        click.echo(warn, err=True)
     if dry_run:
         calibrate(forecast, spec.output.out, device).echo()
         click.echo("dry run: no model built, no run directory created")
@@ -97,7 +100,7 @@ def _supervise(spec, n_cases: int) -> int:
     out = spec.output.out or DEFAULT_OUT
     run_id = spec.output.run_id or new_run_id()
     run_dir = Path(out) / device_slug(torch.device(spec.output.device)) / run_id
-    return supervise(spec, run_dir, run_id, out, max_restarts=n_cases)
+    return supervise(spec, run_dir, run_id, out, max_restarts=n_cases, prog=program())
 
 
 def skip_reasons(run_dir, most: int = 3) -> None:

@@ -112,7 +112,9 @@ def status_cmd(run_dir) -> None:
     if failures:
         click.echo(f"failures:  {len(failures)} row(s)")
         for r in failures[:20]:
-            click.echo(f"  {r['status']:5s} {r.get('metric')}  {r.get('case_key')}\n        {r.get('error')}")
+            # one line per failure: an error's text may run over several (a CUDA error's hints)
+            click.echo(f"  {r['status']:5s} {r.get('metric')}  {r.get('case_key')}\n        "
+                       f"{' '.join(str(r.get('error')).split())}")
     if holder:
         click.echo("resume:    not now: the run is in progress; look again when it ends")
     elif command in SPECS and (total is None or n_done < total):

@@ -18,6 +18,7 @@ interrupt: a second one exits at once); the child dies with the supervisor (``PR
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -69,7 +70,22 @@ def run_child(cmd: list[str]) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def supervise(spec, run_dir: Path, run_id: str, out: str, max_restarts: int) -> int:
+def lost_line(run_dir: Path, restarts: int, prog: str = "routerbench") -> str:
+    """The supervisor's last line after restarts: how many cases of the run are ``error`` rows of
+    sticky device errors, and where to read them (the sweep's own last line, written by the last
+    child, counts only what that child measured)."""
+    from harness.rundir.records import load_rows
+    from harness.step.device_errors import LOST_MARK
+    lost = sorted({r["case_key"] for r in load_rows([run_dir])
+                   if r.get("status") == "error" and LOST_MARK in str(r.get("error") or "")})
+    names = ", ".join(k.split("|")[0] for k in lost[:4]) + (", …" if len(lost) > 4 else "")
+    return (f"supervisor: the run finished after {restarts} restart{'s' * (restarts != 1)} in a new process; "
+            f"{len(lost)} case{'s' * (len(lost) != 1)} lost to a sticky device error "
+            f"{'are error rows' if len(lost) != 1 else 'is an error row'} ({names}): {prog} status "
+            f"{shlex.quote(str(run_dir))}")
+
+
+def supervise(spec, run_dir: Path, run_id: str, out: str, max_restarts: int, prog: str = "routerbench") -> int:
     """Run ``routerbench run`` of the resolved ``spec`` into ``run_dir`` in a child process, and
     again in a new one after each exit :data:`EXIT_DEVICE_LOST`, at most ``max_restarts`` times.
 
@@ -78,6 +94,7 @@ def supervise(spec, run_dir: Path, run_id: str, out: str, max_restarts: int) -> 
         run_dir: the run directory the children write (``out/<device>/<run_id>``).
         run_id, out: its ``--run-id`` and ``--out``.
         max_restarts: restarts at most (each follows a recorded error row: the number of cases).
+        prog: how the last line names the program (:func:`harness.cli.common.program`).
 
     Returns:
         the exit status of the last child.
@@ -96,6 +113,8 @@ def supervise(spec, run_dir: Path, run_id: str, out: str, max_restarts: int) -> 
             rc = run_child([sys.executable, "-m", "harness.cli", "run", "--config", str(spec_file),
                             "--out", out, "--run-id", run_id])
             if rc != EXIT_DEVICE_LOST:
+                if restarts:
+                    click.echo(lost_line(run_dir, restarts, prog), err=True)
                 return rc
             if restarts >= max_restarts:
                 click.echo(f"supervisor: {restarts} restarts, as many as the run has cases: stopping; "

@@ -145,8 +145,11 @@ def maybe_inject(case_key: str) -> None:
     if kind == "device_error" or _device_lost is not None:
         import torch
         if _device_lost is None:
-            _device_lost = (f"CUDA error: an illegal memory access was encountered (injected by {ENV} in "
-                            f"{case_key})")
+            # the text and its hint lines as torch gives them; the case is named by who records it
+            _device_lost = (f"CUDA error: an illegal memory access was encountered (injected by {ENV})\n"
+                            "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+                            "stacktrace below might be incorrect.\n"
+                            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1")
         raise getattr(torch, "AcceleratorError", RuntimeError)(_device_lost)  # torch >= 2.8 has it
     if kind == "oom":
         import torch

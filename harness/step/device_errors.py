@@ -39,6 +39,11 @@ STICKY_ERRORS = (
 )
 
 
+#: The words that open the note :func:`harness.sweep.unit.record_lost` adds to the error row of a
+#: case lost to a sticky device error (the supervisor counts those rows by them).
+LOST_MARK = "[a sticky device error:"
+
+
 class DeviceContextLost(RuntimeError):
     """A case raised a sticky device error: the process's CUDA context is unusable.
 
@@ -48,7 +53,9 @@ class DeviceContextLost(RuntimeError):
     """
 
     def __init__(self, case_key: str, error: str) -> None:
-        super().__init__(f"{error} (case {case_key}: the device context of this process is lost)")
+        # a CUDA error's text runs over several lines (its hints): the message keeps the first
+        first = next((ln.strip() for ln in str(error).splitlines() if ln.strip()), "")
+        super().__init__(f"{first} (case {case_key}: the device context of this process is lost)")
         self.case_key, self.error = case_key, error
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from harness.rundir.writer import RunWriter, StagingWriter
-from harness.step.device_errors import DeviceContextLost
+from harness.step.device_errors import LOST_MARK, DeviceContextLost
 
 from . import prepare, timed
 from .cases import Case
@@ -44,7 +44,7 @@ def record_lost(run: RunWriter, case: Case, lost: DeviceContextLost) -> None:
     """Record ``case`` as an ``error`` row, in a unit of its own, after a sticky device error it
     raised (:mod:`harness.step.device_errors`). The unit it was measured in has been abandoned
     (its rows are in ``aborted/``); its other cases are measured again in a new process."""
-    why = (f"{lost.error} [a sticky device error: the process could run nothing more on its device; "
+    why = (f"{lost.error} {LOST_MARK} the process could run nothing more on its device; "
            "this case is recorded as an error and the rest of the run is measured in a new process]")
     with run.unit([case.key], kind="case") as u:
         u.write(**case.columns(), metric="step_time", unit="ms", status="error", error=why)
