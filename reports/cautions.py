@@ -19,6 +19,34 @@ def _thresholds(t: dict) -> str:
                      for k, v in t.items())
 
 
+#: Above this share of noisy timed cases a run's verdict is that it cannot answer.
+MOSTLY_NOISY = 0.5
+
+
+def verdict(df: pd.DataFrame) -> str | None:
+    """One sentence for the top of the report and of ``summary`` when most timed cases of the
+    runs (more than :data:`MOSTLY_NOISY`) were noisy in their last timing: how many, the reading
+    that crossed its threshold most often (with its worst value), and what to do; None otherwise."""
+    noisy = paired.noise_by_case(df, df.attrs.get("noise_thresholds"))
+    timed = frame.ok_rows(df, "step_time")["case_key"].nunique() if len(df) else 0
+    if not timed or len(noisy) <= MOSTLY_NOISY * timed:
+        return None
+    worst: dict[str, tuple[int, str]] = {}
+    for reasons in noisy.values():
+        for r in reasons:
+            name = r.split()[0]
+            n, text = worst.get(name, (0, r))
+            worst[name] = (n + 1, max(text, r, key=lambda t: float(t.split()[1])))
+    name, (n, text) = max(worst.items(), key=lambda kv: kv[1][0])
+    hint = {"cpu_pressure": "other work took the CPU", "cpu_util": "the process got less CPU than it asked for",
+            "iqr_rel": "step times spread", "ci_width_rel": "paired intervals stayed wide",
+            "sm_clock_spread": "the GPU clock moved"}.get(name, "")
+    return (f"Verdict: this run cannot answer. {len(noisy)} of {timed} timed cases were noisy in their last timing "
+            f"({n} by {name}, worst {text}{': ' + hint if hint else ''}), so their ratios may be off by more "
+            "than their intervals say. Run it again when nothing else runs (/proc/pressure/cpu avg10 near 0); "
+            "the numbers below are kept, each flagged.")
+
+
 def incomplete(df: pd.DataFrame, manifests: dict[str, dict]) -> list[str]:
     """One sentence per cost run that holds fewer cases than it planned (``manifest.json``'s
     ``cases``): a run stopped early (interrupted, crashed, out of time) whose missing cases a

@@ -259,6 +259,8 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
     sections = []
     if has_cost:
         said, table = summary.cost_sentences(df, manifests)
+        if (first := cautions.verdict(df)) is not None:  # a run that cannot answer says so first
+            said = [first, *said]
         if said:
             top = Section("Summary: what each router costs", [("text", x) for x in said])
             if figs.get("paired_ratios"):

@@ -450,7 +450,7 @@ lean_dirs=$(run_dirs lean) train_dirs=$(run_dirs train)
 TAIL_S=10   # kept for the archive
 STAGE_END=$((BUDGET - TAIL_S))
 if ((${#cost_dirs[@]})); then
-  echo "== summary: median step, overhead vs prenorm, ratio to eager, compile/capture s"
+  echo "== summary: paired ratios vs prenorm and vs eager with CIs, noise flags, failed cases"
   run_timed "results (summary)" TERM -20 "${CLI[@]}" summary "${cost_dirs[@]}"
 else
   note "no cost run directory to summarise"

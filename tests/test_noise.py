@@ -250,3 +250,26 @@ def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
     assert (eager, comp) == (20, 10)
     assert said == [f"haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +{eager} % eager "
                     f"[CI {eager} to {eager} %]; +{comp} % compiled [CI {comp} to {comp} %]."]
+
+
+def test_a_run_whose_cases_are_mostly_noisy_opens_with_its_verdict(tmp_path):
+    """Every timed case noisy (thresholds no process meets): the report's summary and ``summary``
+    open with the verdict, naming the reading; under thresholds it meets, no verdict."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from reports import build_report
+    d = tmp_path / "r"
+    _sweep(d, replace(OPTS, noise_thresholds=NEVER, max_attempts=1))
+    md = build_report([d], tmp_path / "loud", noise_thresholds=ALWAYS)["report.md"].read_text()
+    top = md.split("## Summary: what each router costs", 1)[1].strip().splitlines()[0]
+    assert top.startswith("Verdict: this run cannot answer. 2 of 2 timed cases were noisy in their last timing "
+                          "(2 by cpu_util, worst cpu_util ") and "Run it again when nothing else runs" in top
+    md = build_report([d], tmp_path / "quiet", noise_thresholds=NEVER)["report.md"].read_text()
+    assert "Verdict:" not in md
+    from reports import cautions, load_frame
+    df = load_frame([d])
+    df.attrs["noise_thresholds"] = ALWAYS
+    assert cautions.verdict(df).startswith("Verdict: this run cannot answer. 2 of 2")
+    res = CliRunner().invoke(main, ["summary", str(d)])
+    assert res.exit_code == 0 and "vs prenorm [CI]" in res.output and "haares" in res.output

@@ -70,7 +70,7 @@ def test_load_keeps_the_last_attempt_of_each_run(two_runs):
 
 
 def test_summary_of_two_runs_shows_every_row_with_a_run_column(two_runs):
-    out = _cli("summary", *two_runs)
+    out = _cli("summary", "--unpaired", *two_runs)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split()[0] == "run"
@@ -103,3 +103,17 @@ def test_compare_of_two_runs_names_them_and_warns_of_noise(two_runs, tmp_path):
     runs = md.split("## Runs", 1)[1].split("##", 1)[0]
     assert "runA" in runs and "runB" in runs
     assert "Warning: noisy timings" in runs and "runA: 2 of 2" in runs and "runB: 2 of 2" in runs, runs
+
+
+def test_summary_prints_paired_ratios_with_intervals_by_default(two_runs):
+    """The default summary: the report's sentences, then per case its paired ratio to prenorm
+    [CI], each run apart; the unpaired medians only with --unpaired."""
+    out = _cli("summary", *two_runs)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "median_ms" not in text and "vs prenorm [CI]" in text
+    rows = [ln.split() for ln in text.splitlines() if " haares " in f" {ln} " and ln.split()[0] in ("runA", "runB")]
+    assert sorted((r[0], r[5]) for r in rows) == sorted(RATIO)  # (run, mode) of every paired case
+    for r in rows:
+        ratio = float(r[r.index("haares") + 3])
+        assert ratio == pytest.approx(RATIO[(r[0], r[5])], rel=1e-3)  # the last attempt's pairs

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "study": ("study", "study_group", "Studies across a grid of shapes (`study depth`)."),
     "profile": ("profile", "profile_cmd", "torch.profiler traces of one case; the router's share of a step."),
     "report": ("report", "report_cmd", "Tables, figures, report.html and report.md from run dirs."),
-    "summary": ("report", "summary_cmd", "Step time per case: vs prenorm, vs eager, compile time apart."),
+    "summary": ("report", "summary_cmd", "Paired ratios vs prenorm and vs eager, with CIs and noise flags."),
     "compare": ("compare", "compare_cmd", "Paired ratios per device and step-time ratios between runs."),
     "gate": ("gate", "gate_cmd", "Check paired timing ratios against the CI gate's rules."),
     "export": ("export", "export_cmd", "Run dirs as one table (Parquet or CSV)."),

@@ -90,12 +90,80 @@ def parse_noise_thresholds(text: str | None) -> dict | None:
 
 @click.command("summary", short_help=SHORT_HELP["summary"])
 @click.argument("results", nargs=-1, required=True)
-def summary_cmd(results) -> None:
-    """Print step time per case: vs prenorm, vs eager, and compile/capture time apart (with a run
-    column when several runs are given)."""
-    from reports.frame import load_frame
+@click.option("--unpaired", is_flag=True, default=False,
+              help="Print the unpaired medians per case instead (vs prenorm, vs eager, set-up s): "
+                   "not paired, no interval; what the report's detail tables hold.")
+def summary_cmd(results, unpaired) -> None:
+    """What each router costs, paired: the verdict when most timed cases were noisy, the report's
+    summary sentences, then per case its paired ratio to prenorm and to its eager twin, each with
+    its interval and noise flag, and the failed cases. --unpaired: the medians instead."""
+    from reports import cautions, paired
+    from reports.frame import load_frame, load_manifests
+    from reports.summary import cost_sentences
+    from reports.tables import failures
+    dirs = run_dirs(results, bench_out="temp")
+    df = load_frame(dirs)
+    if unpaired:
+        _unpaired(df)
+        return
+    if (first := cautions.verdict(df)) is not None:
+        click.echo(first + "\n")
+    said, _ = cost_sentences(df, load_manifests(dirs))
+    for line in said:
+        click.echo(line)
+    pt = paired.paired_ratio_table(df, n_boot=500)
+    if pt.empty:
+        click.echo("no paired timings (routerbench summary --unpaired shows the medians)")
+    else:
+        pv = paired.paired_vs_eager_table(df, n_boot=500)
+        click.echo("\n" + _paired_text(pt, pv))
+    bad = failures(df)
+    if len(bad):
+        click.echo(f"\n{len(bad)} failed or skipped case row(s):")
+        for r in bad.head(10).to_dict("records"):
+            click.echo(f"  {r['status']}: {r['case']}: {' '.join(str(r.get('error') or '').split())[:160]}")
+        if len(bad) > 10:
+            click.echo("  … (routerbench status RUN_DIR lists every one)")
+
+
+def _ci(ratio, lo, hi) -> str:
+    ok = lambda v: v is not None and v == v  # noqa: E731
+    if not ok(ratio):
+        return "–"
+    return f"{ratio:.3f} [{lo:.3f}, {hi:.3f}]" if ok(lo) and ok(hi) else f"{ratio:.3f}"
+
+
+def _paired_text(pt, pv) -> str:
+    """Per case: its paired ratio to prenorm [CI] and to its eager twin [CI], and why it was
+    noisy (blank when quiet)."""
+    import pandas as pd
+    keys = ["run_id", "router", "impl", "backend", "compile_mode", "compile_scope", "mode", "d_model",
+            "n_layers", "seq_len", "batch_size"]
+    t = pt.assign(vs_prenorm=[_ci(*v) for v in zip(pt["ratio"], pt["ratio_lo"], pt["ratio_hi"])])
+    if len(pv):
+        v = pv.assign(vs_eager=[_ci(*x) for x in zip(pv["paired_vs_eager"], pv["paired_vs_eager_lo"],
+                                                      pv["paired_vs_eager_hi"])])
+        on = [k for k in keys if k in t and k in v]
+        t = t.merge(v[[*on, "vs_eager"]].drop_duplicates(on), on=on, how="left")
+    else:
+        t = t.assign(vs_eager=None)
+    fmt = lambda m: f"[{m}]" if isinstance(m, str) and m else ""  # noqa: E731
+    t = t.assign(shape=[f"d{r.d_model} L{r.n_layers} T{r.seq_len} B{r.batch_size}" for r in t.itertuples()],
+                 backend=t["backend"] + t["compile_mode"].map(fmt) + t["compile_scope"].map(fmt),
+                 vs_eager=t["vs_eager"].fillna("–"),
+                 noisy=t["noisy"].fillna("").map(lambda x: x if x else ""))
+    cols = ["shape", "mode", "backend", "router", "impl", "pairs", "vs_prenorm", "vs_eager", "noisy"]
+    if t["run_id"].nunique() > 1:  # runs read together: each row's run, never pooled
+        t, cols = t.rename(columns={"run_id": "run"}), ["run", *cols]
+    t = t.rename(columns={"vs_prenorm": "vs prenorm [CI]", "vs_eager": "vs eager [CI]"})
+    cols = [{"vs_prenorm": "vs prenorm [CI]", "vs_eager": "vs eager [CI]"}.get(c, c) for c in cols]
+    with pd.option_context("display.max_colwidth", 80, "display.width", 250):
+        return t[cols].to_string(index=False)
+
+
+def _unpaired(df) -> None:
     from reports.tables import backend_table
-    t = backend_table(load_frame(run_dirs(results, bench_out="temp")))
+    t = backend_table(df)
     if t.empty:
         click.echo("no ok step_time rows")
         return
