@@ -89,6 +89,18 @@ def run_cmd(config, dry_run, **cli) -> None:
         if spec.output.report:
             write_report([run.dir])
     run.finish(started)
+    if cases and not timed_anything(run.dir):
+        click.echo("routerbench: nothing was timed: every cost case was skipped or failed (the reasons above and "
+                   f"in {run.dir}); on a {run.device.type} use --backends eager or compile", err=True)
+        sys.exit(1)
+
+
+def timed_anything(run_dir) -> bool:
+    """Whether a run holds any timed cost case (an ``ok`` ``step_time`` row) or a training run that
+    ended (a ``train_time`` row)."""
+    from harness.rundir.records import load_rows
+    return any(r.get("status") in ("ok", "not_converged") and r.get("metric") in ("step_time", "train_time")
+               for r in load_rows([run_dir]))
 
 
 def _supervise(spec, n_cases: int) -> int:
