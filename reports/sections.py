@@ -70,6 +70,9 @@ def _race_headline(df: pd.DataFrame, manifests: dict[str, dict]) -> list:
     smoke = training.smoke_runs(df)
     head = (f"Training race (section \"{TRAIN_TITLE}\" below"
             + (": a smoke test, one seed per router, not a result)" if smoke else ")"))
+    if smoke:  # every sentence that quotes a one-seed race says so, not only its subtitle
+        said = [f"One seed, a smoke test, not a result: {x[0].lower() + x[1:] if x[:1].isupper() and not x.split()[0].isupper() else x}"
+                for x in said]
     return [("subtitle", head), *(("text", x) for x in said)] if said else []
 
 

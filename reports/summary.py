@@ -4,9 +4,9 @@ The summary is built from paired statistics only (MEASUREMENT.md, "Noise on shar
 the overhead over ``prenorm`` is the per-pair ratio of :func:`reports.paired.paired_ratio_table`
 with its bootstrap interval, eager and compiled each from its own interleaved group; the saved
 activations come from :func:`reports.tables.overhead_table` (a count, not a timing). Per router and
-impl the row is taken in the mode where the most backends (eager, compile per scope, cudagraph)
-were timed, then one where the run has graph-replay rows, then the heaviest (``train_step``, else
-``fwd_bwd``, else ``fwd``), at its largest shape (width, then depth); the sentence quotes every
+impl the row is taken at the mode and shape where the most backends (eager, compile per scope,
+cudagraph) were timed, then one where the run has graph-replay rows, then the heaviest mode
+(``train_step``, else ``fwd_bwd``, else ``fwd``), then the largest shape (width, then depth); the sentence quotes every
 backend timed there, each with its × floor (:mod:`reports.floor`) where the run measured a
 bandwidth. On CUDA an eager ratio whose step kept the GPU busy less than
 :data:`reports.busy.HOST_BOUND` of the time (the router's recorded ``device_busy``,
@@ -32,8 +32,8 @@ TOLERANCE = 0.25
 MODES = ("train_step", "fwd_bwd", "fwd")
 METHOD = ("Each sentence quotes the row of the table below: the per-pair step-time ratio to prenorm "
           "(median of the pairs, 95 % bootstrap CI) of each backend timed (eager, compiled per scope, "
-          "graph replay), each from its own interleaved group, in the mode where the most backends "
-          "were timed (then one with graph-replay rows, then the heaviest) at its largest shape, with "
+          "graph replay), each from its own interleaved group, at the mode and shape where the most "
+          "backends were timed (then one with graph-replay rows, the heaviest mode, the largest shape), with "
           "'× floor' (the physical floor section) where a bandwidth was measured, and the saved "
           "activations as a multiple of prenorm's. On a GPU, an eager ratio is flagged 'host-bound' "
           "when the GPU was busy less than 80 % of the eager step: the router's traced device-busy "
@@ -76,19 +76,18 @@ def _label(backend: str, scope, several_scopes: bool, keep) -> tuple[str, str]:
 
 
 def _pick(t: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
-    """Of each run, router and impl, the mode where the most backends were timed (then one whose
-    busy share is known from graph rows, then the heaviest), and in it the largest shape (width,
-    then depth): one row per key with ``mode`` and the shape."""
+    """Of each run, router and impl, the mode and shape where the most backends were timed (then
+    one whose busy share is known from graph rows, then the heaviest mode, then the largest shape:
+    width, then depth): one row per key with ``mode`` and the shape."""
     keys = ["run_id", "router", "impl"]
-    per_mode = t.groupby([*keys, "mode"])["_key"].nunique().rename("_n").reset_index()
+    where = [*keys, "mode", *frame.SHAPE_COLS, "device"]
+    per = t.groupby(where, dropna=False)["_key"].nunique().rename("_n").reset_index()
     graphed = set(busy["mode"].astype(str) + "|" + busy["run_id"].astype(str)) if not busy.empty else set()
-    per_mode["_g"] = [f"{m}|{r}" in graphed for m, r in zip(per_mode["mode"], per_mode["run_id"])]
-    per_mode["_m"] = per_mode["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES))
-    mode = (per_mode.sort_values(["_n", "_g", "_m"], ascending=[False, False, True], kind="stable")
-            .drop_duplicates(keys)[[*keys, "mode"]])
-    t = t.merge(mode, on=[*keys, "mode"])
-    t = t.sort_values(["d_model", "n_layers"], ascending=[False, False], kind="stable")
-    return t.drop_duplicates(keys)[[*keys, "mode", *frame.SHAPE_COLS, "device"]]
+    per["_g"] = [f"{m}|{r}" in graphed for m, r in zip(per["mode"], per["run_id"])]
+    per["_m"] = per["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES))
+    per = per.sort_values(["_n", "_g", "_m", "d_model", "n_layers"], ascending=[False, False, True, False, False],
+                          kind="stable")
+    return per.drop_duplicates(keys)[[*keys, "mode", *frame.SHAPE_COLS, "device"]].reset_index(drop=True)
 
 
 def _best_mfu(out: pd.DataFrame, df: pd.DataFrame, manifests: dict[str, dict]) -> pd.DataFrame:

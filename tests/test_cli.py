@@ -27,7 +27,7 @@ def test_list_shows_every_router():
 
 
 def test_run_end_to_end_and_resume(tmp_path, monkeypatch):
-    args = ["run", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2",
+    args = ["run", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2", "--modes", "fwd,fwd_bwd",
             "--repeats", "2", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager", "--impls", "naive", "--no-train",
             "--out", tmp_path, "--run-id", "r1", "--quiet"]
     res = invoke(*args)

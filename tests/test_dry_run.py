@@ -98,7 +98,8 @@ def test_dry_run_is_no_option_of_the_spec_file(no_model):
 
 # --- the estimate's arithmetic ----------------------------------------------------------------
 
-SMALL = ("--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2", "--impls", "naive", "--no-train")
+SMALL = ("--suite", "full", "--routers", "prenorm,haares", "--widths", "16,32", "--depths", "2", "--impls", "naive",
+         "--no-train")
 
 
 def test_case_group_and_compile_counts(no_model):
@@ -140,7 +141,7 @@ def test_with_a_precision_target_the_high_end_is_the_group_budget():
     assert group_timing((0.001, 0.01), opts)[1] == pytest.approx(401 * 0.01)
     # through the sweep: every group's timing ends at its budget
     cases = _cases("--routers", "prenorm,haares", "--widths", "256", "--depths", "8", "--impls", "naive",
-                   "--seq-len", "256", "--batch-size", "8", "--backends", "eager",
+                   "--seq-len", "256", "--batch-size", "8", "--backends", "eager", "--modes", "fwd,fwd_bwd",
                    "--precision-target", "0.03", "--group-budget-s", "30", "--remeasure-s", "0")
     sw = forecast_sweep(cases, opts)
     assert sw.units == [2, 2] and sw.parts["timing"][1] == pytest.approx(2 * 30.0)

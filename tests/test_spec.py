@@ -225,12 +225,28 @@ def test_resolved_spec_is_a_fixed_point():
 def test_defaults_resolve_to_the_device_suite():
     spec, labels = load(RunSpec, {}, None)
     r = spec.resolve(labels)
-    assert r.shape.widths == (64, 128) and r.shape.depths == (4, 8)
+    # seeds: the four routers of the seeds' question, two_phase where offered (prenorm: naive),
+    # fwd_bwd at d=64 and 4, 8 layers, eager at both, compiled at 4 layers
+    assert r.sweep.suite == "seeds" and r.routers.routers == ("prenorm", "block_attnres", "haares", "wav_v1")
+    assert r.shape.widths == (64,) and r.shape.depths == (4, 8) and r.sweep.modes == ("fwd_bwd",)
     assert r.sweep.backends == ("eager",) and r.sweep.smallest_backends == ("compile",)
     cases = r.cases()
+    assert sorted({(c.router, c.impl) for c in cases}) == [("block_attnres", "two_phase"), ("haares", "two_phase"),
+                                                           ("prenorm", "naive"), ("wav_v1", "two_phase")]
+    assert len(cases) == 4 * 2 + 4
+    assert {(c.cfg.n_layers, c.backend) for c in cases} == {(4, "eager"), (8, "eager"), (4, "compile")}
+    assert r.race_routers() == ["prenorm", "haares"]
+    # full: every router on the device grid, as the default was before the seeds suite
+    spec, labels = load(RunSpec, {"suite": "full"}, None)
+    r = spec.resolve(labels)
+    assert r.shape.widths == (64, 128) and r.shape.depths == (4, 8)
+    assert r.sweep.backends == ("eager",) and r.sweep.smallest_backends == ("compile",)
     # 11 routers + two_phase of the 3 block routers = 14 impls; eager on 2×2 shapes × 2 modes,
     # compile fwd_bwd at the smallest shape.
-    assert len(cases) == 14 * 4 * 2 + 14
+    assert len(r.cases()) == 14 * 4 * 2 + 14
+    spec, labels = load(RunSpec, {"suite": "baselines"}, None)
+    r = spec.resolve(labels)
+    assert "haares" not in r.routers.routers and r.race_routers() == ["prenorm", "rezero"]
     t = TrainSpec().resolve(load(TrainSpec, {}, None)[1]).training
     # No target given: a prenorm pilot sets it at half the budget; 3 seeds; the default cadence is
     # at most 2.5 % of the step budget; interleaved where the runs fit.

@@ -173,12 +173,14 @@ def plan_run(spec, cases, opts, device, race_tc=None, race_options=None, vocab: 
     if race_tc is not None:
         from harness.training.forecast import PlannedRun, forecast_training
         runs = [PlannedRun(r, o, race_tc, race_tc.max_steps) for r, o in race_options.items()]
-        tr = forecast_training(runs, vocab, device.type, name, schedule="sequential")
+        from harness.costs.memory import available_bytes
+        tr = forecast_training(runs, vocab, device.type, name, schedule="auto",
+                               available_bytes=available_bytes(device))
         parts["race"] = tr.total
         head += f"; smoke race: {len(runs)} runs x {race_tc.max_steps} steps"
         details["race"] = tr.manifest()
         if tr.peak_bytes > peak:
-            peak, what = tr.peak_bytes, "smoke race: one run"
+            peak, what = tr.peak_bytes, "smoke race: " + _schedule_words(tr, _n(len(runs), "run"))[1]
     if spec.output.report:
         parts["report"] = fc.REPORT_S
     sub = (f"compile {_n(sw.compiled, 'model')}", ("compile",)) if sw.compiled else None

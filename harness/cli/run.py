@@ -14,6 +14,7 @@ from harness.sweep.options import timing_manifest
 from . import SHORT_HELP
 from ..spec import RunSpec
 from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
+from ..spec.suites import DEFAULT_SUITE
 from .common import DEFAULT_OUT, Run, load_spec, program, spec_options
 from .forecast import EMBEDDED_VOCAB, calibrate, corpus_vocab, dry_run_option, plan_run
 from .report import write_report
@@ -25,10 +26,12 @@ from .train import corpus_info, load_corpus, plan, train_runs
 @spec_options(RunSpec)
 @dry_run_option
 def run_cmd(config, dry_run, **cli) -> None:
-    """Cost sweep (+ a one-seed smoke race + report). With no options: this device's default suite.
+    """Cost sweep (+ a one-seed smoke race + report). With no options: the seeds suite, what HAARES
+    and WAV v1 cost against Block AttnRes and prenorm here (--suite full, baselines: longer sweeps).
 
-    Shapes: the device grid (CPU: d=64,128 x 4,8 layers), or with --preset that preset's one shape;
-    --widths and --depths override either. The plan (cases, groups, models to compile, estimated
+    Shapes: the suite's (seeds: CPU d=64 at 4 and 8 layers, CUDA d=1024 at 4 and 12; full and
+    baselines: the device grid), or with --preset that preset's one shape; --widths and --depths
+    override either. The plan (cases, groups, models to compile, estimated
     time and peak memory) is printed before any model is built; --dry-run prints it and exits."""
     started = time.perf_counter()
     import torch
@@ -89,6 +92,10 @@ def run_cmd(config, dry_run, **cli) -> None:
         if spec.output.report:
             write_report([run.dir])
     run.finish(started)
+    if spec.sweep.suite == DEFAULT_SUITE and not spec.output.quiet:
+        click.echo(f"more: {program()} run --suite full (every router, the device grid) or --suite baselines "
+                   f"(the field's other residuals); {program()} train (time to a target loss, paired by seed); "
+                   "README lists each with its measured time")
     if cases and not timed_anything(run.dir):
         click.echo("routerbench: nothing was timed: every cost case was skipped or failed (the reasons above and "
                    f"in {run.dir}); on a {run.device.type} use --backends eager or compile", err=True)

@@ -46,12 +46,16 @@ def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[st
 
 
 def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train") -> None:
-    """Train the planned runs one after the other (the smoke race of ``routerbench run``); each
-    evaluation is committed and checkpointed, so an interrupted race resumes mid-run."""
+    """Train the planned runs (the smoke race of ``routerbench run``) interleaved, in turns of 10
+    steps, when they fit in memory together (:func:`harness.training.schedule.choose_schedule`),
+    else one after the other; each evaluation is committed and checkpointed, so an interrupted race
+    resumes mid-run."""
     from harness.training.run import TrainRun
-    from harness.training.schedule import Trainer
+    from harness.training.schedule import Trainer, choose_schedule
     trainer = Trainer(run.writer, run.dir, run.device, quiet, label)
-    trainer.run_group([TrainRun(r, opts, corpus, tc, seed, run.device) for r, opts, seed, _ in runs])
+    group = [TrainRun(r, opts, corpus, tc, seed, run.device) for r, opts, seed, _ in runs]
+    # in turns of 10 steps where memory allows, so both sides of the race meet the same load
+    trainer.run_group(group, schedule=choose_schedule("auto", group, run.device)["schedule"])
 
 
 def pilot_target(trainer, pilot, run: Run) -> float:

@@ -19,6 +19,7 @@ from .base import Labels, given, option
 from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, absolute, base_shape, check_heads, check_output,
                     check_router_set, default_grid, impl_names, offered_impls, preset_base, resolve_device,
                     resolved_shape)
+from .suites import DEFAULT_SUITE, SUITES
 
 #: The default smoke race: char-level, small enough for a 2-core CPU (README).
 RACE_ROUTERS = ("prenorm", "haares")
@@ -30,17 +31,21 @@ RACE_EVAL_EVERY = 20
 class Sweep:
     """What the cost sweep measures (``[sweep]``)."""
 
-    impls: tuple[str, ...] | None = option("strs", "Router implementations (default: naive,two_phase; "
-                                           "each router runs those it offers).", choices=impl_names)
-    backends: tuple[str, ...] | None = option("strs", "Backends on the whole grid (default: eager).",
-                                              choices=tuple(BACKENDS))
+    suite: str | None = option("str", "What the run measures where its options do not say: " + "; ".join(
+        f"{name}: {su.what}" for name, su in SUITES.items()) + f" (default: {DEFAULT_SUITE}).",
+                               choices=tuple(SUITES))
+    impls: tuple[str, ...] | None = option("strs", "Router implementations (default: the suite's; each "
+                                           "router runs those it offers).", choices=impl_names)
+    backends: tuple[str, ...] | None = option("strs", "Backends on the whole grid (default: the suite's: "
+                                              "eager, and cudagraph on CUDA for seeds).", choices=tuple(BACKENDS))
     compile_modes: tuple[str, ...] | None = option("strs", "Modes of the compile backend (default: "
                                                    "default).", choices=tuple(m for m in BACKENDS["compile"] if m))
     compile_scope: tuple[str, ...] | None = option(
         "strs", "What one compiled graph holds: layer (one region per sublayer role, compiled once and "
         f"reused at every layer) or model (the whole forward); layer,model times both (default: "
         f"{DEFAULT_COMPILE_SCOPE}).", choices=COMPILE_SCOPES)
-    modes: tuple[str, ...] | None = option("strs", "Modes (default: fwd,fwd_bwd).", choices=MODES)
+    modes: tuple[str, ...] | None = option("strs", "Modes (default: the suite's: fwd_bwd for seeds, "
+                                           "fwd,fwd_bwd for full and baselines).", choices=MODES)
     smallest_backends: tuple[str, ...] | None = option(
         "strs", "Backends run only at the smallest width and depth; '' for none (default: compile when "
         "--backends is not given, else none).", choices=tuple(BACKENDS), empty_ok=True)
@@ -130,12 +135,14 @@ class RunSpec:
         s, sw, t, race, out = self.shape, self.sweep, self.timing, self.race, self.output
         check_output(out, L)
         dev = resolve_device(out.device, L("output.device"))
-        grid = default_grid(dev)
-        routers = self.routers.routers or tuple(sorted(ROUTERS))
-        backends = sw.backends or ("eager",)
+        suite_name = sw.suite or DEFAULT_SUITE
+        suite = SUITES[suite_name]
+        grid = suite.grid_for(dev.type) or default_grid(dev)
+        routers = self.routers.routers or suite.routers or tuple(sorted(ROUTERS))
+        backends = sw.backends or suite.backends_for(dev.type)
         smallest = sw.smallest_backends if given(sw, "smallest_backends") else (
-            () if given(sw, "backends") else ("compile",))
-        modes = sw.modes or ("fwd", "fwd_bwd")
+            () if given(sw, "backends") else suite.smallest)
+        modes = sw.modes or suite.modes
         both = sorted(set(backends) & set(smallest))
         if both:
             raise ConfigError(f"{L('sweep.smallest_backends')} {','.join(both)} already runs on the whole grid "
@@ -194,7 +201,8 @@ class RunSpec:
         check_heads(widths, s.n_heads or pb.n_heads, L, "shape.widths")
         base = base_shape(s, dev, d_model=min(widths), n_layers=min(depths))
         # the default, of what the routers offer: a resolved spec must load again as given (resume)
-        impls = sw.impls or (tuple(i for i in ("naive", "two_phase") if i in offered_impls(routers)) or ("naive",))
+        impls = sw.impls or (tuple(i for i in (suite.impls or ("naive", "two_phase")) if i in offered_impls(routers))
+                             or ("naive",))
         check_router_set(self.routers, routers, depths, min(widths), L,
                          impls if given(sw, "impls") else None)
         if train and race.data is not None:
@@ -210,7 +218,7 @@ class RunSpec:
             self,
             shape=resolved_shape(s, base, widths=tuple(widths), depths=tuple(depths)),
             routers=replace(self.routers, routers=routers, router_options=self.routers.router_options or None),
-            sweep=replace(sw, impls=impls, backends=backends, smallest_backends=smallest or None,
+            sweep=replace(sw, suite=suite_name, impls=impls, backends=backends, smallest_backends=smallest or None,
                           smallest_modes=smallest_modes, modes=modes,
                           compile_modes=(sw.compile_modes or ("default",)) if uses_compile else None,
                           compile_scope=(sw.compile_scope or (DEFAULT_COMPILE_SCOPE,)) if uses_compile else None,
@@ -259,9 +267,11 @@ class RunSpec:
                             quiet=bool(self.output.quiet))
 
     def race_routers(self) -> list[str]:
-        """The routers of the smoke race: prenorm and haares where selected, else the first two."""
+        """The routers of the smoke race: prenorm and haares where selected, filled up to two with
+        the first other routers selected."""
         names = list(self.routers.routers)
-        return [r for r in RACE_ROUTERS if r in names] or names[:2]
+        picked = [r for r in RACE_ROUTERS if r in names]
+        return picked + [r for r in names if r not in picked][:max(0, 2 - len(picked))]
 
     def race_options(self) -> dict[str, dict]:
         """Per race router: its options, with ``impl`` two_phase where it has one and none is named
