@@ -60,11 +60,23 @@ def _routerbench() -> list[str]:
     return [str(script)] if script.exists() else ["-m", "harness.cli"]
 
 
+def _with(args: list[str], *pairs: str) -> list[str]:
+    """``args`` with each ``FLAG VALUE`` of ``pairs`` replacing that flag's value, or appended (an
+    option may be given once)."""
+    out = list(args)
+    for flag, value in zip(pairs[::2], pairs[1::2]):
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
 def train(out: Path, run_id: str, corpus, nproc: int = 1, fault: str | None = None,
           extra: list[str] = ()) -> subprocess.CompletedProcess:
     """``routerbench train`` in one process, or under torchrun (``python -m torch.distributed.run``,
     ``--standalone``: a free port, so concurrent tests do not collide) with ``nproc`` processes."""
-    args = ["train", "--data", str(corpus.path), "--out", str(out), "--run-id", run_id, *ARGS, *extra]
+    args = ["train", "--data", str(corpus.path), "--out", str(out), "--run-id", run_id, *_with(ARGS, *extra)]
     if nproc == 1:
         cmd = [sys.executable, "-m", "harness.cli", *args]
     else:
@@ -141,7 +153,7 @@ def test_an_indivisible_batch_exits_2_with_one_line_before_any_model(tmp_path, c
     # As rank 0 of a torchrun of 2 processes sees it (the check needs no process group).
     env = _env(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0")
     res = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--data", str(corpus.path), "--out",
-                          str(tmp_path), "--run-id", "x", *ARGS, "--batch-size", "6", "--grad-accum", "2"],
+                          str(tmp_path), "--run-id", "x", *_with(ARGS, "--batch-size", "6", "--grad-accum", "2")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [

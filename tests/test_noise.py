@@ -228,8 +228,12 @@ def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
                 _rows_b(u, "haares", backend, [ratio] * 6)
                 _rows_b(u, "prenorm", backend, [1.0] * 6, d=8)   # a smaller shape: not the summary's
                 _rows_b(u, "haares", backend, [3.0] * 6, d=8)
-            _rows_b(u, "prenorm", "eager", [1.0] * 6, d=32)      # the largest shape, but imprecise
+            _rows_b(u, "prenorm", "eager", [1.0] * 6, d=32)      # the largest shape, eager imprecise
             _rows_b(u, "haares", "eager", [0.5, 2.0, 0.6, 1.9, 0.7, 2.1], d=32)
+            _rows_b(u, "prenorm", "compile", [1.0] * 6, d=32)
+            _rows_b(u, "haares", "compile", [1.1] * 6, d=32)
+            _rows_b(u, "prenorm", "eager", [1.0] * 6, d=64)      # larger still, but eager only: fewer backends
+            _rows_b(u, "haares", "eager", [1.5] * 6, d=64)
     said, table = cost_sentences(load_frame([tmp_path]))
     row = table.iloc[0]
     assert (row.d_model, row.eager_hi - row.eager_lo > 0.25 * row.eager_ratio) == (32, True)
@@ -237,7 +241,7 @@ def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
     pct = [f"{(x - 1) * 100:.0f}".replace("-", "\u2212") for x in r]
     assert said == [f"haares naive over prenorm at d=32, 2 layers, T=8, B=2, fwd_bwd: "
                     f"{'+' if r[0] >= 1 else ''}{pct[0]} % eager [CI {pct[1]} to {'+' if r[1] < 1 <= r[2] else ''}{pct[2]} %] "
-                    "(imprecise: CI wider than 25% of the ratio)."]
+                    "(imprecise: CI wider than 25% of the ratio); +10 % compiled [CI 10 to 10 %]."]
     d2 = tmp_path / "two"
     with RunWriter(d2, "r", "s", base={"device": "cpu"}) as w:
         with w.unit(["x"], kind="group") as u:

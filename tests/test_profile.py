@@ -191,7 +191,7 @@ def test_outputs_of_a_profile_cut_short_are_set_aside(tmp_path):
     run_dir = tmp_path / device_slug("cpu") / "profile-u"
     (run_dir / "trace").mkdir(parents=True)
     (run_dir / "trace" / "old.pt.trace.json").write_text("{}")  # an attempt that was killed
-    res = invoke("profile", "--router", "prenorm", *SHAPE, "--device", "cpu", "--out", tmp_path,
+    res = invoke("profile", "--router", "prenorm", *SHAPE, "--out", tmp_path,
                  "--run-id", "u")
     assert res.exit_code == 0, res.output
     assert [p.name for p in (run_dir / "trace").iterdir()] != ["old.pt.trace.json"]
