@@ -6,9 +6,24 @@ such; what was measured is :mod:`harness.costs.memory`.
 
 from __future__ import annotations
 
+import functools
+import json
+
 import torch
 
 from routers import build_router
+
+
+def meta_router(router: str, d_model: int, n_layers: int, options: dict) -> torch.nn.Module:
+    """The router of that shape built on the ``meta`` device (no memory), built once per router,
+    shape and options (a plan asks for the same one hundreds of times); read it, never change it."""
+    return _meta_router(router, d_model, n_layers, json.dumps(options or {}, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=512)
+def _meta_router(router: str, d_model: int, n_layers: int, options: str) -> torch.nn.Module:
+    with torch.device("meta"):
+        return build_router(router, d_model, n_layers, **json.loads(options))
 
 
 def decoder_parameter_count(cfg, router: str, options: dict) -> int:
@@ -16,9 +31,7 @@ def decoder_parameter_count(cfg, router: str, options: dict) -> int:
     (per layer 4d² attention, 12d² SwiGLU or 8d² GELU MLP, two norm gains; embedding and LM head
     V·d each unless tied; the final norm), the router's counted on the ``meta`` device (no memory
     is allocated)."""
-    with torch.device("meta"):
-        n_router = sum(p.numel() for p in build_router(router, cfg.d_model, cfg.n_layers,
-                                                      **options).parameters())
+    n_router = sum(p.numel() for p in meta_router(router, cfg.d_model, cfg.n_layers, options).parameters())
     d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab_size
     mlp = 12 * d * d if cfg.mlp == "swiglu" else 8 * d * d
     return L * (4 * d * d + mlp + 2 * d) + V * d * (1 if cfg.tie_embeddings else 2) + d + n_router

@@ -142,12 +142,10 @@ def scale(span: Span, k: float) -> Span:
 
 
 def router_model(cfg, router: str, options: dict):
-    """The router of a decoder of shape ``cfg``, built on the ``meta`` device (no memory)."""
-    import torch
-
-    from routers import build_router
-    with torch.device("meta"):
-        return build_router(router, cfg.d_model, cfg.n_layers, **options)
+    """The router of a decoder of shape ``cfg``, built on the ``meta`` device (no memory), once
+    per router, shape and options (:func:`harness.costs.estimate.meta_router`)."""
+    from .estimate import meta_router
+    return meta_router(router, cfg.d_model, cfg.n_layers, options)
 
 
 def step_flops(cfg, router: str, options: dict, mode: str) -> dict[str, float]:
