@@ -30,7 +30,7 @@ from harness.timing.timer import median_iqr  # noqa: E402
 from routers import BASELINE  # noqa: E402
 
 from . import frame  # noqa: E402
-from .plotting import save_png  # noqa: E402
+from .plotting import save_png, shared_ratio_axes  # noqa: E402
 
 #: Rows timed together: one session of one run at one setting and shape.
 PAIR_KEYS = ("run_id", "session", "backend", "compile_mode", "compile_scope", "mode", "workload",
@@ -365,7 +365,8 @@ def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
                           sharex=False, sharey=False, height=height, aspect=width / height)
         g.map_dataframe(_draw, runs=runs, palette=palette)
     g.set_titles("{col_name}", size=9)
-    g.set_axis_labels("step time / prenorm", "")
+    shared_ratio_axes(g.axes.flat, "x")  # one log axis: panels read against each other
+    g.set_axis_labels("step time / prenorm (×, log scale, shared by the panels)", "")
     if len(runs) > 1:  # a legend of one run says nothing the title does not
         seen: dict = {}
         for ax in g.axes.flat:

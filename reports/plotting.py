@@ -219,17 +219,33 @@ def x_ticks(ax, values, log2: bool) -> None:
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def ratio_y_axis(ax) -> None:
-    """A log ratio axis (y) with labelled ticks wherever the data lie, 1 always among them: an
-    interval of a few noisy pairs can span 100×, and 0.9× must stay readable beside it."""
-    ax.set_yscale("log")
-    lo, hi = ax.get_ylim()
+def ratio_axis(ax, axis: str = "y") -> None:
+    """A log ratio axis (``axis``: ``"x"`` or ``"y"``) with labelled ticks wherever the data lie, 1
+    always among them: an interval of a few noisy pairs can span 100×, and 0.9× must stay
+    readable beside it."""
+    getattr(ax, f"set_{axis}scale")("log")
+    lo, hi = getattr(ax, f"get_{axis}lim")()
     wide = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
     ticks = [t for t in (wide if hi / lo > 10 else RATIO_TICKS) if lo <= t <= hi]
     while len(ticks) > 9:
         ticks = ticks[::2] if 1 in ticks[::2] else ticks[1::2]
-    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    getattr(ax, f"set_{axis}ticks")(ticks, [f"{t:g}" for t in ticks])
+    getattr(ax, f"{axis}axis").set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def shared_ratio_axes(axes, axis: str = "y") -> None:
+    """Every panel of ``axes`` on one log ratio axis (:func:`ratio_axis`) over the union of their
+    ranges, with 1 inside it, so that panels read against each other at a glance."""
+    axes = [ax for ax in axes if ax.get_visible()]
+    if not axes:
+        return
+    for ax in axes:
+        getattr(ax, f"set_{axis}scale")("log")
+    lims = [getattr(ax, f"get_{axis}lim")() for ax in axes]
+    lo, hi = min(min(a for a, _ in lims), 0.95), max(max(b for _, b in lims), 1.05)
+    for ax in axes:
+        getattr(ax, f"set_{axis}lim")(lo, hi)
+        ratio_axis(ax, axis)
 
 
 def dodge(x: pd.Series, k: int, n: int, log2: bool, span: float) -> np.ndarray:

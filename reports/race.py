@@ -29,7 +29,7 @@ from .frame import TRAIN_MODE
 
 COMPARISON_COLUMNS = [
     "run_id", "backend", "router", "variant", "baseline", "target_loss", "conf", "seeds", "n",
-    "censored", "diverged", "missing", "dropped", "not_measured",
+    "censored", "diverged", "missing", "dropped", "not_measured", "load",
     "time_ratio", "time_lo", "time_hi", "time_per_seed",
     "steps_ratio", "steps_lo", "steps_hi", "steps_per_seed",
     "step_time_ratio", "step_time_lo", "step_time_hi",
@@ -136,6 +136,22 @@ def _dropped(p: dict, per_seed: dict) -> str:
     return "; ".join(notes)
 
 
+def _load(p: dict) -> str:
+    """Which seeds' two sides trained under different load, e.g. ``"seed 0: CPU pressure haares
+    0.04, prenorm 0.62 over their own steps"``: their ``train_cpu_pressure`` readings differ by
+    more than the noisy-group threshold ``cpu_pressure_max`` (:mod:`harness.timing.noise`). On a
+    shared machine a sequential race's runs meet different loads; an interleaved one's share it."""
+    from harness.timing.noise import THRESHOLDS
+    notes = []
+    for seed in sorted(set(p["treat"]) & set(p["base"])):
+        a, b = (side[seed].get("train_cpu_pressure") for side in (p["treat"], p["base"]))
+        if a is None or b is None or pd.isna(a) or pd.isna(b) or abs(a - b) <= THRESHOLDS["cpu_pressure_max"]:
+            continue
+        notes.append(f"seed {seed}: CPU pressure {p['variant']} {a:.2f}, {p['baseline']} {b:.2f} over their "
+                     "own steps")
+    return "; ".join(notes)
+
+
 def _loss_test(treat: dict[int, float], base: dict[int, float], conf: float) -> dict:
     t = seeds.paired_t(treat, base, conf)
     ppl = seeds.perplexity_change(t.mean_treat, t.mean_base) if t.n else math.nan
@@ -219,6 +235,7 @@ def comparison_table(df: pd.DataFrame, conf: float = seeds.CONF) -> pd.DataFrame
         - ``loss_*``: the loss at the token budget, means of router and baseline, their paired
           difference with its interval, ``ppl_change_pct`` (perplexity change, %), ``loss_p``
           (paired t) and ``loss_welch_p``; ``loss_n`` seeds with a loss on both sides;
+        - ``load``: the seeds whose two sides trained under different CPU load (:func:`_load`), else "";
         - ``t_star`` (s) and ``wall_*``: the validation loss interpolated at T* on each run's
           clock, paired the same way; ``wall_n`` pairs, ``wall_short`` pairs of live runs left
           out because a clock ended before T*.
@@ -239,7 +256,7 @@ def comparison_table(df: pd.DataFrame, conf: float = seeds.CONF) -> pd.DataFrame
             "target_loss": targets.median(), "conf": conf,
             "seeds": say.fmt_seeds(t.per_seed), "n": t.n, "censored": t.censored,
             "diverged": t.diverged, "missing": t.missing, "dropped": _dropped(p, t.per_seed),
-            "not_measured": _not_measured(p),
+            "not_measured": _not_measured(p), "load": _load(p),
             "time_ratio": t.gmean, "time_lo": t.lo, "time_hi": t.hi,
             "time_per_seed": say.fmt_per_seed(t.per_seed),
             "steps_ratio": dec.steps.gmean, "steps_lo": dec.steps.lo, "steps_hi": dec.steps.hi,
@@ -311,7 +328,7 @@ def comparison_display(table: pd.DataFrame, names: dict[str, str] | None = None)
         rows.append({
             "run_id": r["run_id"], "backend": r["backend"], "router": names.get(r["variant"], r["variant"]),
             "baseline": names.get(r["baseline"], r["baseline"]), "target (nats)": say.fmt_num(r["target_loss"], 3),
-            "seeds": r["seeds"], "pairs (n)": r["n"], "censored": r["censored"],
+            "seed ids": r["seeds"], "pairs (n)": r["n"], "censored": r["censored"],
             "diverged": r["diverged"],
             f"time ratio [{r['conf']:.0%} CI]": est(r["time_ratio"], r["time_lo"], r["time_hi"]),
             "time ratio per seed": r["time_per_seed"],

@@ -105,6 +105,8 @@ def training_sentence(row: Mapping[str, Any], prefix: str = "") -> str:
     paired t-test, and the loss difference at equal wall-clock time with the pairs it rests on.
     With no pair a sentence says which seeds were left out and why; with one pair it says there
     is no interval; when no run of either side was measured (skipped, failed) it says only that.
+    When the two sides of a seed trained under different CPU load (``load``, a sequential race on
+    a shared machine) the head says so, with the readings.
     """
     who, base = row["variant"], row["baseline"]
     if row.get("not_measured"):
@@ -122,6 +124,9 @@ def training_sentence(row: Mapping[str, Any], prefix: str = "") -> str:
                 f"{base}{spread}: {fmt_ratio(row['steps_ratio'])}× the steps at "
                 f"{fmt_ratio(row['step_time_ratio'])}× the step time")
     parts = [head]
+    if row.get("load"):  # a time ratio of two runs that met different loads measures the load
+        parts[0] = (f"{head} (under different load, {row['load']}: the time ratios measure the load too; "
+                    "race interleaved or on a quiet machine)")
     if row.get("dropped"):
         parts.append(f"left out: {row['dropped']}")
     parts.append(_loss_clause(row))

@@ -99,11 +99,11 @@ def _overhead_vs(df: pd.DataFrame, out_dir: Path | str, x: str, fixed: str, name
                         marker="o", markersize=4, capsize=3, linewidth=1.4,
                         label=f"{family} · {impl}")
         ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1, label="prenorm (1×)")
-        pl.ratio_y_axis(ax)
         pl.x_ticks(ax, g[x], log2)
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("step time / prenorm (×, log scale)")
+    pl.shared_ratio_axes(axes)
     pl.figure_legend(fig, axes)
     pl.suptitle(fig, f"Step time / prenorm vs {'width' if x == 'd_model' else 'depth'}: paired "
                    f"median, {paired.CONF:.0%} bootstrap CI — {pl.device_title(df)}",

@@ -36,7 +36,7 @@ RUN_KEYS = ("run_id", "backend", "mode", "router", "variant", "seed", "case_key"
 #: Run-level metrics read from the rows without a ``repeat``.
 RUN_METRICS = ("target_loss", "token_budget", "step_budget", "train_time", "time_to_target",
                "steps_to_target", "tokens_to_target", "time_to_target_eval",
-               "steps_to_target_eval", "loss_at_token_budget", "target_step")
+               "steps_to_target_eval", "loss_at_token_budget", "target_step", "train_cpu_pressure")
 #: Per-evaluation metrics (``repeat`` = optimizer step).
 EVAL_METRICS = ("val_loss", "elapsed", "tokens", "train_loss")
 

@@ -435,8 +435,9 @@ def test_loss_at_equal_wall_clock_counts_the_pairs(table):
     assert row(race.comparison_display(table), router="haares",
                baseline="block_attnres")["pairs at T*"] == "1 of 2"
     full = row(table, variant="haares", baseline="prenorm")
-    assert row(race.comparison_display(table), router="haares",
-               baseline="prenorm")["pairs at T*"] == "3"
+    shown = row(race.comparison_display(table), router="haares", baseline="prenorm")
+    assert shown["pairs at T*"] == "3"
+    assert shown["seed ids"] == "0, 1, 2" and shown["pairs (n)"] == full["n"] == 2  # ids; the pairs counted
     two_short = say.training_sentence({**full, "wall_n": 2, "wall_short": 2})
     assert (f"at equal wall-clock (5.55 s; 2 of 4 pairs, the other 2 ended sooner) "
             f"{say.fmt_signed(full['wall_diff'])} nats [") in two_short

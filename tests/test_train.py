@@ -281,3 +281,51 @@ def test_a_captured_steps_autocast_keeps_no_cache():
     with _autocast(torch.device("cpu"), "bf16-mixed", cache=False):
         assert torch.is_autocast_cpu_enabled() and not torch.is_autocast_cache_enabled()
     assert torch.is_autocast_cache_enabled()  # restored
+
+
+def test_a_sequential_race_under_a_planted_load_change_is_flagged(tmp_path, corpus, monkeypatch):
+    """prenorm trains under a planted load (CPU pressure 0.70 over its steps), haares after the
+    load dropped (0.00): every sentence quoting their time ratio says so, with the readings; the
+    same race with one load on both sides is not flagged."""
+    from reports import race
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "busy=70:train|prenorm|*;busy=0:train|haares|*")
+    d = train(tmp_path / "changed", ["prenorm", "haares"], "sequential", corpus=corpus)
+    df = pd.DataFrame(load_rows([d]))
+    loads = df[df.metric == "train_cpu_pressure"].set_index("router").value
+    assert loads.to_dict() == {"prenorm": pytest.approx(0.70), "haares": pytest.approx(0.0)}
+    from reports.frame import load_frame
+    said = race.sentences(load_frame([d]))
+    assert len(said) == 1 and "(under different load, seed 0: CPU pressure haares 0.00, prenorm 0.70 over " \
+                                "their own steps: the time ratios measure the load too" in said[0], said
+    monkeypatch.setenv("ROUTERBENCH_FAULT", "busy=70:train|*")
+    same = race.sentences(load_frame([train(tmp_path / "same", ["prenorm", "haares"], "sequential",
+                                            corpus=corpus)]))
+    assert len(same) == 1 and "different load" not in same[0]
+
+
+@pytest.mark.skipif(not Path("/proc/pressure/cpu").exists(), reason="no /proc/pressure/cpu (Linux PSI) here")
+def test_a_run_records_the_cpu_pressure_over_its_own_steps(tmp_path, corpus, monkeypatch):
+    monkeypatch.delenv("ROUTERBENCH_FAULT", raising=False)
+    df = pd.DataFrame(load_rows([train(tmp_path / "r", ["prenorm"], corpus=corpus)]))
+    got = df[df.metric == "train_cpu_pressure"]
+    assert len(got) == 1 and got.unit.iloc[0] == "ratio" and 0.0 <= got.value.iloc[0] <= 1.0
+
+
+def test_without_a_terminal_a_run_prints_its_progress_at_most_every_interval(tmp_path, corpus, monkeypatch,
+                                                                                capsys):
+    """No bar where stderr is a log: a line of step, loss and clock at most every
+    PROGRESS_EVERY_S seconds (0 here: at each evaluation before the last; a huge one: none)."""
+    from harness.training import schedule
+    monkeypatch.setattr(schedule, "PROGRESS_EVERY_S", 0.0)
+    with RunWriter(tmp_path / "r", "r", "s") as w:
+        Trainer(w, tmp_path / "r", torch.device("cpu"), label="smoke race").run_group(
+            [TrainRun("prenorm", {}, corpus, TC, 0, torch.device("cpu"))])
+    said = capsys.readouterr().out.splitlines()
+    steps = [line for line in said if "val loss" in line and "nats," in line]
+    assert [s.split(":")[1].split(",")[0].strip() for s in steps] == [f"step {k} of 12" for k in (0, 3, 6, 9)]
+    assert all(s.startswith("smoke race prenorm seed 0: step ") and s.endswith(" s on its clock") for s in steps)
+    monkeypatch.setattr(schedule, "PROGRESS_EVERY_S", 1e9)
+    with RunWriter(tmp_path / "q", "r", "s") as w:
+        Trainer(w, tmp_path / "q", torch.device("cpu")).run_group(
+            [TrainRun("prenorm", {}, corpus, TC, 0, torch.device("cpu"))])
+    assert not [line for line in capsys.readouterr().out.splitlines() if "of 12" in line]

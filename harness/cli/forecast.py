@@ -6,8 +6,9 @@ the estimated time range with its calibration, the range by part, and the estima
 Its numbers come from shapes alone (:mod:`harness.sweep.forecast`, :mod:`harness.training.forecast`;
 the estimate model and its constants: :mod:`harness.costs.forecast`), scaled by the median
 actual/estimate ratio of earlier runs of this device under the same results root
-(:func:`harness.costs.forecast.calibration`). The manifest keeps the plan (``plan``:
-``estimate_s``, ``uncalibrated_s``, ``parts``, ``calibration``, ``peak_bytes``) and, when the
+(:func:`harness.costs.forecast.calibration`); on a machine already busy the high end also allows
+for the load (:func:`harness.costs.forecast.load_now`). The manifest keeps the plan (``plan``:
+``estimate_s``, ``uncalibrated_s``, ``parts``, ``calibration``, ``load``, ``peak_bytes``) and, when the
 command finishes, the wall time beside it (``actual_s``, :meth:`harness.cli.common.Run.finish`).
 """
 
@@ -67,6 +68,8 @@ class Plan:
     peak_what: str
     calibration: dict | None = None
     details: dict = field(default_factory=dict)
+    #: the machine's load when the plan was made (:func:`harness.costs.forecast.load_now`)
+    load: dict | None = None
 
     @property
     def factor(self) -> float:
@@ -76,12 +79,17 @@ class Plan:
     def uncalibrated(self) -> fc.Span:
         return fc.add((0.0, 0.0), *self.parts.values())
 
+    def _scaled(self, span: fc.Span) -> fc.Span:
+        """``span`` × the calibration, its high end × the load factor on a busy machine."""
+        lo, hi = fc.scale(span, self.factor)
+        return lo, hi * (self.load["factor"] if self.load else 1.0)
+
     @property
     def estimate(self) -> fc.Span:
-        return fc.scale(self.uncalibrated, self.factor)
+        return self._scaled(self.uncalibrated)
 
     def span(self, names: tuple[str, ...]) -> fc.Span:
-        return fc.scale(fc.add((0.0, 0.0), *(self.parts[n] for n in names if n in self.parts)), self.factor)
+        return self._scaled(fc.add((0.0, 0.0), *(self.parts[n] for n in names if n in self.parts)))
 
     def lines(self) -> list[str]:
         items = []
@@ -94,7 +102,7 @@ class Plan:
             items.append(text)
         return [self.head,
                 f"estimate: {fc.fmt_span(self.estimate)} ({fc.describe_calibration(self.calibration)}; "
-                f"{self.note})",
+                + (f"{fc.describe_load(self.load)}; " if self.load else "") + f"{self.note})",
                 "  " + ", ".join(items),
                 f"peak memory (estimate): {fc.fmt_bytes(self.peak_bytes)} ({self.peak_what})"]
 
@@ -136,16 +144,19 @@ class Plan:
         r = lambda s: [round(s[0], 1), round(s[1], 1)]  # noqa: E731
         return {"estimate_s": r(self.estimate), "uncalibrated_s": r(self.uncalibrated),
                 "parts": {k: r(v) for k, v in self.parts.items()}, "calibration": self.calibration,
+                "load": self.load,
                 "peak_bytes": self.peak_bytes, "resumed": resumed, "summary": self.lines(), **self.details}
 
 
 def calibrate(plan: Plan, out: str | None, device, exclude: str | None = None) -> Plan:
     """``plan`` with the calibration of earlier runs under ``out/<device slug>`` (``exclude``: the
-    run id of this run, which a resumed run's own manifest must not calibrate)."""
+    run id of this run, which a resumed run's own manifest must not calibrate) and the machine's
+    present load (:func:`harness.costs.forecast.load_now`: a busy machine widens the high end)."""
     from harness.rundir.environment import device_slug
     root = Path(out or DEFAULT_OUT) / device_slug(device)
     earlier = [m for m in fc.read_manifests(root) if m.get("run_id") != exclude]
     plan.calibration = fc.calibration(earlier, plan.command)
+    plan.load = fc.load_now()
     return plan
 
 
@@ -177,7 +188,7 @@ def plan_run(spec, cases, opts, device, race_tc=None, race_options=None, vocab: 
         tr = forecast_training(runs, vocab, device.type, name, schedule="auto",
                                available_bytes=available_bytes(device))
         parts["race"] = tr.total
-        head += f"; smoke race: {len(runs)} runs x {race_tc.max_steps} steps"
+        head += f"; smoke race: {_n(len(runs), 'run')} x {race_tc.max_steps} steps"
         details["race"] = tr.manifest()
         if tr.peak_bytes > peak:
             peak, what = tr.peak_bytes, "smoke race: " + _schedule_words(tr, _n(len(runs), "run"))[1]

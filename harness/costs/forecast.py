@@ -293,6 +293,34 @@ def describe_calibration(cal: dict | None) -> str:
             f"×{cal['factor']:.3g}{left}")
 
 
+def load_now() -> dict | None:
+    """How much slower the machine's present load may make a command, for the high end of its
+    plan: None when the machine is quiet (``/proc/pressure/cpu`` avg10 at most the noisy-group
+    threshold ``cpu_pressure_max``, or no PSI), else ``{"factor", "pressure", "load_avg", "cpus"}``
+    with factor = 1 + max(load average / CPUs, CPU pressure): the share of the CPUs other work
+    holds, which a run that keeps every core busy must wait for. The low end stays, since the load
+    may lift; calibration leaves runs begun busy out (:func:`busy_start`), so the factor never
+    compounds. Reads :data:`harness.timing.noise.PRESSURE_FILE` and
+    :data:`harness.timing.noise.LOADAVG_FILE`."""
+    from harness.timing import noise
+    p = noise.pressure_avg10()
+    if p is None or p <= noise.THRESHOLDS["cpu_pressure_max"]:
+        return None
+    load, cpus = noise.load_average(), noise.cpu_count()
+    share = max(p, (load or 0.0) / cpus)
+    return {"factor": round(1.0 + share, 3), "pressure": p, "load_avg": load, "cpus": cpus}
+
+
+def describe_load(load: dict | None) -> str:
+    """``busy now: the high end allows ×1.95 for the load (load average 1.9 on 2 CPUs, CPU
+    pressure 96 %)``, or "" on a quiet machine."""
+    if not load:
+        return ""
+    avg = f"load average {load['load_avg']:.1f} on {load['cpus']} CPUs, " if load.get("load_avg") is not None else ""
+    return (f"busy now: the high end allows ×{load['factor']:.2f} for the load ({avg}CPU pressure "
+            f"{load['pressure'] * 100:.0f} %)")
+
+
 def fmt_span(span: Span) -> str:
     """``40–90 s``, ``2.9–17 min``, ``1.2–3.5 h``, ``105–356 days`` (one unit, the high end's)."""
     lo, hi = span

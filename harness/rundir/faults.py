@@ -49,7 +49,9 @@ them). Kinds:
 - ``busy=PCT``: when the sweep asks whether the machine is still busy before it times a noisy
   case of the matched case key again, the CPU pressure reads PCT % (0–100) instead of
   ``/proc/pressure/cpu``'s avg10 (a planted load for the test that a group is left noisy, not
-  re-timed, while the load lasts; ``busy=0`` plants a quiet machine);
+  re-timed, while the load lasts; ``busy=0`` plants a quiet machine); on a training run's key, the
+  CPU pressure it records over its own steps (``train_cpu_pressure``) reads PCT % (the test that a
+  race whose sides met different loads is flagged);
 - ``checkpoint_replaced=N``: the first N times ``routerbench diagnose`` is about to read the
   run's checkpoint, it is replaced first, as a training run in progress does at its next
   evaluation: renamed to the next step's name (``step-<N+1>.pt``), so the path chosen is gone

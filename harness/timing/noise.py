@@ -56,6 +56,7 @@ THRESHOLDS: dict[str, float] = {"cpu_util_min": 0.35, "cpu_pressure_max": 0.20,
                                 "iqr_rel_max": 0.15, "ci_width_rel_max": 0.15,
                                 "sm_clock_spread_max": 0.10}
 PRESSURE_FILE = Path("/proc/pressure/cpu")
+LOADAVG_FILE = Path("/proc/loadavg")
 #: The unit column of each noise metric.
 UNITS = {"cpu_util": "ratio", "cpu_pressure": "ratio", "load_avg": "tasks", "iqr_rel": "ratio",
          "ci_width_rel": "ratio", "sm_clock_spread": "ratio", "gpu_temp_max": "C",
@@ -90,8 +91,10 @@ def _psi_some(text: str | None = None) -> dict[str, float] | None:
         return None
 
 
-def _pressure_us() -> float | None:
-    """Total microseconds some task waited for a CPU since boot, or None without PSI."""
+def pressure_total_us() -> float | None:
+    """Total microseconds some task waited for a CPU since boot (``/proc/pressure/cpu`` "some
+    total"), or None without PSI; the difference of two readings over the seconds between them,
+    divided by 1e6, is the CPU pressure of that stretch."""
     return (_psi_some() or {}).get("total")
 
 
@@ -107,6 +110,26 @@ def pressure_avg10(text: str | None = None) -> float | None:
     """
     avg10 = (_psi_some(text) or {}).get("avg10")
     return None if avg10 is None else avg10 / 100.0
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable and uninterruptible tasks), from :data:`LOADAVG_FILE`,
+    else :func:`os.getloadavg`; None when neither can be read."""
+    try:
+        return float(LOADAVG_FILE.read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        try:
+            return os.getloadavg()[0]
+        except OSError:
+            return None
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
 
 
 def busy_warning(text: str | None = None, threshold: float = THRESHOLDS["cpu_pressure_max"]) -> str | None:
@@ -148,7 +171,7 @@ class Probe:
         self._t0 = time.perf_counter()
         ru = resource.getrusage(resource.RUSAGE_SELF)
         self._cpu0 = ru.ru_utime + ru.ru_stime
-        self._p0 = _pressure_us()
+        self._p0 = pressure_total_us()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -157,7 +180,7 @@ class Probe:
         cpu = ru.ru_utime + ru.ru_stime - self._cpu0
         if self.wall_s > 0:
             self.cpu_util = cpu / (self.wall_s * self.threads)
-            p1 = _pressure_us()
+            p1 = pressure_total_us()
             if self._p0 is not None and p1 is not None:
                 self.cpu_pressure = min(1.0, (p1 - self._p0) / (self.wall_s * 1e6))
         try:

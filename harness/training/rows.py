@@ -24,8 +24,8 @@ class Evaluation:
 
 class RunRows:
     """The rows of a :class:`harness.training.run.TrainRun` (it provides ``cols``, ``tc``,
-    ``evals``, ``mode``, ``status``, ``diverged``, ``tokens_per_step``, ``setup_times`` and
-    ``_crossing``)."""
+    ``evals``, ``mode``, ``status``, ``diverged``, ``tokens_per_step``, ``setup_times``,
+    ``load`` and ``_crossing``)."""
 
     def eval_rows(self, ev: Evaluation) -> list[dict]:
         """The rows of one evaluation (``repeat`` = its step)."""
@@ -40,6 +40,8 @@ class RunRows:
         c, tc = self.cols, self.tc
         last = self.evals[-1]
         rows = [dict(c, metric=m, value=v, unit="s") for m, v in getattr(self, "setup_times", {}).items()]
+        if (load := self.load()) is not None:  # the CPU pressure over the run's own steps
+            rows.append(dict(c, metric="train_cpu_pressure", value=load, unit="ratio"))
         rows += [dict(c, metric="train_time", value=last.elapsed, unit="s"),
                 dict(c, metric="step_budget", value=tc.max_steps, unit="steps"),
                 dict(c, metric="token_budget", value=tc.max_steps * self.tokens_per_step, unit="tokens")]

@@ -60,6 +60,7 @@ from harness.stats.curves import crossing
 from harness.step.backends import recompile_guard
 from harness.step.cudagraph import CaptureError
 from harness.step.modes import lm_loss
+from harness.timing import noise
 from harness.timing.timer import synchronize
 from workloads.batches import fixed_val_batches, random_batches
 from workloads.data import CharCorpus
@@ -160,6 +161,8 @@ class TrainRun(RunRows):
         self.model = self.ddp = None
         self.grad_norm = None  # the last step's gradient norm before clipping (a tensor)
         self._pending_steps = 0  # steps since the last evaluation
+        # CPU pressure over this run's own timed stretches in this process (:meth:`load`)
+        self._waited_us, self._read_s = 0.0, 0.0
 
     # --- set-up ---------------------------------------------------------------------------
     def setup(self, checkpoint: Path | None = None) -> None:
@@ -329,17 +332,36 @@ class TrainRun(RunRows):
             stop = min(end, self.next_eval_due())
             synchronize(self.device)
             distributed.barrier(self.device)
+            p0 = noise.pressure_total_us()
             t0 = time.perf_counter()
             with recompile_guard(self.tc.backend):
                 for i in range(self.step, stop):
                     self.train_sum += self._one_step(i)
             synchronize(self.device)
             distributed.barrier(self.device)
-            self.clock += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.clock += took
+            if p0 is not None and (p1 := noise.pressure_total_us()) is not None:
+                self._waited_us += p1 - p0
+                self._read_s += took
             self._pending_steps += stop - self.step
             self.step = stop
             if self.step == self.next_eval_due():
                 self._evaluate(on_eval)
+
+    def load(self) -> float | None:
+        """The CPU pressure over this run's own timed steps (a ratio: the share of that time in
+        which some runnable task waited for a CPU, ``/proc/pressure/cpu`` "some"), over the
+        stretches trained in this process (a resumed run reads only those since its resume); a
+        ``busy=PCT`` fault of the run's key plants PCT % (:mod:`harness.rundir.faults`). None
+        without PSI or before a timed step. Two runs of a sequential race that read very
+        different loads are not comparable on time (``reports/race.py`` flags them)."""
+        planted = faults.planted_pressure(self.key)
+        if planted is not None:
+            return planted
+        if self._read_s <= 0:
+            return None
+        return min(1.0, self._waited_us / (self._read_s * 1e6))
 
     def next_eval_due(self) -> int:
         """The step of this run's next evaluation (0, every ``eval_every``, its last step)."""

@@ -29,6 +29,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -48,6 +49,8 @@ from .run import TrainRun
 SCHEDULES = ("auto", "interleaved", "sequential")
 #: Share of the device's free memory an interleaved group may be estimated to take.
 MEMORY_FRACTION = 0.5
+#: Without a progress bar (stderr not a terminal), a line of progress at most this often (s).
+PROGRESS_EVERY_S = 30.0
 
 
 def parameter_count(run: TrainRun) -> int:
@@ -108,7 +111,8 @@ class Trainer:
             also print nothing: rank 0 speaks for all).
         run_dir: the run directory (checkpoints live in ``checkpoints/``).
         device: where runs train.
-        quiet: no progress bar.
+        quiet: no progress bar (without ``quiet``, a terminal gets a bar, a log a line of each
+            run's step and loss at most every :data:`PROGRESS_EVERY_S` seconds).
         label: how the terminal lines start (``train``, ``pilot``, ``smoke race``).
     """
 
@@ -122,6 +126,7 @@ class Trainer:
             if seg:
                 self.segments[seg["case"]] = max(seg["step"], self.segments.get(seg["case"], -1))
         self.bar = None
+        self._said = time.monotonic()  # when the last progress line was printed (no bar)
 
     def done(self, run: TrainRun) -> bool:
         """Whether ``run`` is complete in the records (rank 0's answer, on every rank)."""
@@ -167,10 +172,15 @@ class Trainer:
             for old in ckpt_dir.glob("step-*.pt") if keep is not None else ():
                 if old != keep:
                     old.unlink()
-        if self.bar is not None:
+        if self.bar is not None and not self.bar.disable:
             self.bar.update(ev.step - self._shown.get(run.key, ev.step))
             self._shown[run.key] = ev.step
             self.bar.set_postfix_str(f"{run.router} s{run.seed} val {ev.val_loss:.3f}")
+        elif not run.done and not self.quiet and time.monotonic() - self._said >= PROGRESS_EVERY_S:
+            # no bar (stderr is not a terminal: a log, CI): a line at most every PROGRESS_EVERY_S
+            self._said = time.monotonic()
+            self._echo(run, f"step {ev.step} of {run.stop_step}, val loss {ev.val_loss:.3f} nats, "
+                            f"{run.clock:.0f} s on its clock")
 
     # --- starting and failing ----------------------------------------------------------------
     def resume_point(self, run: TrainRun) -> Path | None:
