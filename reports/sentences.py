@@ -245,7 +245,8 @@ def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
     compiled); each ratio is followed by its ``(12.3× floor)`` where the row has a ``<prefix>_floor``.
     On a ``cuda`` row whose ``busy_share`` is below ``host_bound`` the eager ratio is flagged
     ``(host-bound: the GPU was busy 36 % of the step)`` and the sentence says which ratio measures
-    the router's device cost (graph replay, else compiled, else that none was timed)."""
+    the router's device cost (graph replay, else compiled, else that none was timed). A backend
+    with no ratio but a ``<prefix>_failed`` text is said with it ("compiled failed: …")."""
     labels = labels or [("eager", "eager"), ("compile", "compiled")]
 
     def num(x) -> float:
@@ -262,6 +263,8 @@ def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
         p = _pct(num(r.get(f"{key}_ratio")), num(r.get(f"{key}_lo")), num(r.get(f"{key}_hi")),
                  r.get(f"{key}_noisy"), word, tolerance)
         if not p:
+            if isinstance(r.get(f"{key}_failed"), str) and r[f"{key}_failed"]:  # planned, not timed: why
+                parts.append(f"{word} {r[f'{key}_failed']}")
             continue
         quoted.append(key)
         if key == "eager" and flagged:

@@ -20,6 +20,8 @@ scope's, ``model``, in the ``compile_*`` columns); the report's "Compile scopes"
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 
 from harness.step.backends import DEFAULT_COMPILE_SCOPE
@@ -61,6 +63,8 @@ COLUMN_STYLE = {
     "compile_floor": ("compiled × floor", "{:.1f}"), "cudagraph_floor": ("graph replay × floor", "{:.1f}"),
     "busy_share": ("GPU busy (eager, share of step)", "{:.2f}"), "busy_of": ("GPU busy: whose step", None),
     "best_mfu_pct": ("best MFU (%)", "{:.2f}"), "best_mfu_backend": ("best MFU in", None),
+    "eager_failed": ("eager: no timing", None), "compile_failed": ("compiled: no timing", None),
+    "cudagraph_failed": ("graph replay: no timing", None),
 }
 
 
@@ -75,13 +79,44 @@ def _label(backend: str, scope, several_scopes: bool, keep) -> tuple[str, str]:
     return backend, backend
 
 
-def _pick(t: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
-    """Of each run, router and impl, the mode and shape where the most backends were timed (then
-    one whose busy share is known from graph rows, then the heaviest mode, then the largest shape:
-    width, then depth): one row per key with ``mode`` and the shape."""
+#: What identifies a failed case's row of the summary (failure rows carry no n_heads or dtype).
+FAILED_KEYS = ["run_id", "router", "impl", "mode", "d_model", "n_layers", "seq_len", "batch_size"]
+#: How a failed backend is said, by the row's status.
+FAILED_WORDS = {"error": "failed", "oom": "ran out of memory", "skipped": "skipped"}
+
+
+def _failed(df: pd.DataFrame, several_scopes: bool, keep) -> pd.DataFrame:
+    """Each backend of a router's case that has no timing because it failed, ran out of memory or
+    was skipped: :data:`FAILED_KEYS`, ``_key`` (the backend's column prefix, :func:`_label`),
+    ``_word`` and ``failed`` (``"failed: BackendCompilerFailed: …"``, shortened to 120 characters at a
+    word)."""
+    bad = tables.failures(df)
+    bad = bad[(bad["metric"] == "step_time") & bad["status"].isin(list(FAILED_WORDS))
+              & bad["mode"].isin(MODES) & (bad["router"] != paired.BASELINE)]
+    if bad.empty:
+        return pd.DataFrame(columns=[*FAILED_KEYS, "_key", "_word", "failed"])
+    keep = keep if keep is not None else DEFAULT_COMPILE_SCOPE  # no compiled ratio anywhere
+    labels = [_label(b, s if isinstance(s, str) and s else keep, several_scopes, keep)
+              for b, s in zip(bad["backend"], bad["compile_scope"])]
+    text = [f"{FAILED_WORDS[st]}: {textwrap.shorten(str(e or ''), 120, placeholder=' …')}".rstrip(": ")
+            for st, e in zip(bad["status"], bad["error"])]
+    out = bad[FAILED_KEYS].assign(_key=[k for k, _ in labels], _word=[w for _, w in labels], failed=text)
+    return out.drop_duplicates([*FAILED_KEYS, "_key"]).reset_index(drop=True)
+
+
+def _pick(t: pd.DataFrame, busy: pd.DataFrame, failed: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Of each run, router and impl, the mode and shape where the most backends were timed or
+    failed (``failed``, :func:`_failed`: a backend that failed there is said there), then one
+    whose busy share is known from graph rows, then the heaviest mode, then the largest shape:
+    width, then depth: one row per key with ``mode`` and the shape."""
     keys = ["run_id", "router", "impl"]
     where = [*keys, "mode", *frame.SHAPE_COLS, "device"]
     per = t.groupby(where, dropna=False)["_key"].nunique().rename("_n").reset_index()
+    if failed is not None and len(failed):
+        n_failed = failed.groupby(FAILED_KEYS)["_key"].nunique().rename("_f").reset_index()
+        per = per.merge(n_failed, on=FAILED_KEYS, how="left")
+        per["_n"] = per["_n"] + per["_f"].fillna(0)
+        per = per.drop(columns="_f")
     graphed = set(busy["mode"].astype(str) + "|" + busy["run_id"].astype(str)) if not busy.empty else set()
     per["_g"] = [f"{m}|{r}" in graphed for m, r in zip(per["mode"], per["run_id"])]
     per["_m"] = per["mode"].map({m: i for i, m in enumerate(MODES)}).fillna(len(MODES))
@@ -115,7 +150,9 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
     the router's recorded ``device_busy`` (:func:`reports.busy.recorded_busy`), else the
     :func:`reports.busy.busy_shares` of the row's mode and shape (NaN without either). With
     ``manifests`` (run_id -> manifest) and a device of known peak: ``best_mfu_pct`` and
-    ``best_mfu_backend`` last (:func:`_best_mfu`)."""
+    ``best_mfu_backend`` last (:func:`_best_mfu`). A backend that failed, ran out of memory or was
+    skipped at a row's mode and shape (and has no ratio there) fills ``<prefix>_failed`` with why
+    (:func:`_failed`; the column is absent when nothing failed)."""
     pt = paired.paired_ratio_table(df)
     if pt.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -132,9 +169,12 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
     fl = floor.floor_table(df, paired=pt.drop(columns="_key"))
     pt["_floor"] = fl["over_floor"].to_numpy() if len(fl) == len(pt) else float("nan")
     busy_t = busy.busy_shares(pt)
-    chosen = _pick(pt, busy_t)
+    failed = _failed(df, len(scopes) > 1, keep)
+    chosen = _pick(pt, busy_t, failed)
     keys = ["run_id", "router", "impl", "mode", *frame.SHAPE_COLS]
     out = chosen.copy()
+    words += sorted({(k, w) for k, w in zip(failed["_key"], failed["_word"])} - set(words),
+                    key=lambda kw: (order.get(kw[0], 2), kw[0]))
     for key, _ in words:
         b = pt[pt["_key"] == key][[*keys, "ratio", "ratio_lo", "ratio_hi", "noisy", "_floor"]]
         b = b.drop_duplicates(keys).rename(columns={"ratio": f"{key}_ratio", "ratio_lo": f"{key}_lo",
@@ -160,11 +200,17 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
         out = out.merge(ov, on=keys, how="left")
     extra = [f"{k}_{c}" for k, _ in words if k not in ("eager", "compile", "cudagraph")
              for c in ("ratio", "lo", "hi", "noisy", "floor")]
+    for key in dict.fromkeys(failed["_key"]):  # a backend without a timing says why, where it failed
+        f = failed[failed["_key"] == key][[*FAILED_KEYS, "failed"]].rename(columns={"failed": f"{key}_failed"})
+        out = out.merge(f, on=FAILED_KEYS, how="left")
+        if f"{key}_ratio" in out:
+            out.loc[out[f"{key}_ratio"].notna(), f"{key}_failed"] = None
+    said = [c for c in out if c.endswith("_failed") and out[c].notna().any()]
     mfu = []
     if manifests:
         out = _best_mfu(out, df, manifests)
         mfu = [c for c in ("best_mfu_pct", "best_mfu_backend") if c in out]
-    out = out.reindex(columns=[*COLUMNS, *extra, *mfu]).reset_index(drop=True)
+    out = out.reindex(columns=[*COLUMNS, *extra, *said, *mfu]).reset_index(drop=True)
     out.attrs["labels"] = words
     return out
 

@@ -15,6 +15,24 @@ import workloads.decoder
 COMPILE_MATRIX_ENV = "RB_COMPILE_MATRIX"
 
 
+@pytest.fixture(scope="session")
+def quiet_loadavg(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loadavg") / "loadavg"
+    path.write_text("0.00 0.00 0.00 1/100 1\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def planted_quiet_load_average(monkeypatch, quiet_loadavg):
+    """The load average every test reads in-process is a planted quiet one (a file in
+    ``/proc/loadavg``'s format): the test suite's own work keeps the real one near the CPU count,
+    which would make each command warn of a busy machine and widen its plan. Tests of the busy
+    case plant their own reading; CPU pressure stays the machine's (tests that depend on it plant
+    it too)."""
+    from harness.timing import noise
+    monkeypatch.setattr(noise, "LOADAVG_FILE", quiet_loadavg)
+
+
 @pytest.fixture
 def no_models(monkeypatch):
     """Fail loudly if anything builds a decoder (errors must come first)."""

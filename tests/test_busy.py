@@ -222,3 +222,25 @@ def test_on_a_gpu_a_host_bound_step_reads_less_busy_than_one_long_kernel():
     if probe.available:  # nvidia-ml-py installed: a clock, a temperature, a bitmask
         m = probe.metrics()
         assert 0 <= m["sm_clock_spread"] < 1 and m["gpu_temp_max"] > 0 and m["throttle_reasons"] >= 0
+
+
+def test_a_backend_that_failed_is_said_with_why_where_it_failed(tmp_path):
+    """haares compiled failed in fwd_bwd (an error row, no timing): its sentence is taken in
+    fwd_bwd, where two backends were planned, not in train_step where only eager ran, and says
+    why; a backend never planned says nothing."""
+    with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            _rows(u, "prenorm", "eager", [10.0] * 6)
+            _rows(u, "haares", "eager", [15.0] * 6)
+            _rows(u, "prenorm", "compile", [8.0] * 6)
+            u.write(case_key="haares|compile|fwd_bwd", router="haares", impl="naive", backend="compile",
+                    compile_mode="default", mode="fwd_bwd", workload="decoder", d_model=16, n_layers=2,
+                    n_heads=2, seq_len=8, batch_size=2, dtype="float32", seed=0, metric="step_time",
+                    unit="ms", status="error", error="BackendCompilerFailed: backend='inductor' raised:\n  boom")
+            _rows(u, "prenorm", "eager", [14.0] * 6, mode="train_step")
+            _rows(u, "haares", "eager", [1.4 * 14.0] * 6, mode="train_step")
+    said, table = cost_sentences(load_frame([tmp_path]))
+    assert said == ["haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +50 % eager [CI 50 to 50 %]; "
+                    "compiled failed: BackendCompilerFailed: backend='inductor' raised: boom."]
+    assert table["compile_failed"].iloc[0].startswith("failed: BackendCompilerFailed")
+    assert "cudagraph_failed" not in table

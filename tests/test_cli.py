@@ -49,7 +49,7 @@ def test_run_end_to_end_and_resume(tmp_path, monkeypatch):
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     assert "resuming" in res.output and "cost sweep: 8 resumed" in res.output
-    assert res.stderr.count("warning: this machine is busy") == 1 and "CPU 52% of the last 10 s" in res.stderr
+    assert res.stderr.count("warning: this machine is busy") == 1 and "CPU 52 % of the last 10 s" in res.stderr
     import json
     sessions = json.loads((run_dir / "manifest.json").read_text())["sessions"]
     assert len(sessions) == 2 and sessions[1]["cpu_pressure_start"] == pytest.approx(0.52)

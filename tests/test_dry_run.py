@@ -282,23 +282,25 @@ def test_check_memory_compares_the_peak_with_the_free_bytes():
 
 
 def test_a_busy_machine_widens_the_plans_high_end_by_its_load(no_model, tmp_path, monkeypatch):
-    """Planted readings: CPU pressure 90 % and a load average of 2.0 on this process's CPUs make the
-    high end 1 + max(0.9, 2.0 / CPUs) times the quiet plan's, said in the estimate line and kept in
+    """Planted readings: CPU pressure 90 % and a load average of 2.0 on 4 CPUs make the high end
+    1 + max(0.9, 2.0 / 4) times the quiet plan's, said in the estimate line and kept in
     the manifest's plan; the low end stays (the load may lift)."""
     from harness.timing import noise
     args = ("run", "--dry-run", *SMALL, "--no-report")
     psi, loadavg = tmp_path / "pressure", tmp_path / "loadavg"
     monkeypatch.setattr(noise, "PRESSURE_FILE", psi)
     monkeypatch.setattr(noise, "LOADAVG_FILE", loadavg)
-    loadavg.write_text("2.00 1.50 0.80 3/200 12345\n")
+    monkeypatch.setattr(noise, "cpu_count", lambda: 4)
+    loadavg.write_text("0.20 0.50 0.80 1/200 12345\n")
     psi.write_text("some avg10=5.00 avg60=5.00 avg300=5.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     quiet = invoke(*args).output
+    loadavg.write_text("2.00 1.50 0.80 3/200 12345\n")
     psi.write_text("some avg10=90.00 avg60=80.00 avg300=40.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     busy = invoke(*args).output
-    factor = 1 + max(0.9, 2.0 / noise.cpu_count())
+    factor = 1 + max(0.9, 2.0 / 4)
     assert "busy now" not in quiet
-    assert (f"busy now: the high end allows ×{factor:.2f} for the load (load average 2.0 on "
-            f"{noise.cpu_count()} CPUs, CPU pressure 90 %)") in busy
+    assert (f"busy now: the high end allows ×{factor:.2f} for the load (load average 2.0 on 4 CPUs, "
+            "CPU pressure 90 %)") in busy
 
     def span(text):
         line = next(x for x in text.splitlines() if x.startswith("estimate: "))
@@ -308,6 +310,6 @@ def test_a_busy_machine_widens_the_plans_high_end_by_its_load(no_model, tmp_path
     plan = Plan("run", "plan: …", {"setup": (10.0, 40.0)}, [("set-up", ("setup",), None)], "note", 0, "-",
                 calibration={"factor": 1.5, "runs": 1, "command": "run", "run_ids": ["a"], "busy": 0})
     assert plan.estimate == (15.0, 60.0)
-    plan.load = {"factor": factor, "pressure": 0.9, "load_avg": 2.0, "cpus": noise.cpu_count()}
+    plan.load = {"factor": factor, "pressure": 0.9, "load_avg": 2.0, "cpus": 4}
     assert plan.estimate == (15.0, pytest.approx(60.0 * factor)) == plan.span(("setup",))
     assert plan.manifest()["load"]["factor"] == factor and plan.manifest()["uncalibrated_s"] == [10.0, 40.0]

@@ -6,7 +6,8 @@ columns (and which of them each metric fills), the end markers' kinds, and the f
 run directory and of a report of both. What is not: any measured value (times,
 FLOPs, losses), which vary by machine (DESIGN.md, "Results"). No compile and no fvcore, so it runs
 in seconds. Noise readings that a machine may lack (``cpu_pressure`` needs ``/proc/pressure``) are
-dropped from both sides where this machine has no such file.
+dropped from both sides where this machine has no such file (and so is a training run's
+``train_cpu_pressure``).
 
 Regenerate after an intended change, and read the diff before committing it::
 
@@ -30,7 +31,7 @@ from harness.cli import main
 GOLDEN = Path(__file__).with_name("golden") / "behaviour.json"
 PRESSURE = Path("/proc/pressure/cpu")
 #: Readings that exist only where the machine offers them.
-OPTIONAL_METRICS = {"cpu_pressure"} if not PRESSURE.exists() else set()
+OPTIONAL_METRICS = {"cpu_pressure", "train_cpu_pressure"} if not PRESSURE.exists() else set()
 #: A fixed text (a corpus's sha256 is part of a training case key).
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
         "fortune, must be in want of a wife. However little known the feelings or views of such "

@@ -322,10 +322,31 @@ def test_without_a_terminal_a_run_prints_its_progress_at_most_every_interval(tmp
             [TrainRun("prenorm", {}, corpus, TC, 0, torch.device("cpu"))])
     said = capsys.readouterr().out.splitlines()
     steps = [line for line in said if "val loss" in line and "nats," in line]
-    assert [s.split(":")[1].split(",")[0].strip() for s in steps] == [f"step {k} of 12" for k in (0, 3, 6, 9)]
-    assert all(s.startswith("smoke race prenorm seed 0: step ") and s.endswith(" s on its clock") for s in steps)
+    assert [s.split(",")[0] for s in steps] == [f"smoke race: prenorm seed 0 step {k} of 12" for k in (0, 3, 6, 9)]
+    assert all(s.endswith(" s on its clock") for s in steps)
+    with RunWriter(tmp_path / "i", "r", "s") as w:  # an interleaved group: one line names every run
+        Trainer(w, tmp_path / "i", torch.device("cpu"), label="smoke race").run_group(
+            [TrainRun(r, {}, corpus, TC, 0, torch.device("cpu")) for r in ("prenorm", "haares")],
+            "interleaved", 3)
+    both = [line for line in capsys.readouterr().out.splitlines() if "; haares seed 0 step" in line]
+    assert both and all(line.startswith("smoke race: prenorm seed 0 step ") for line in both)
     monkeypatch.setattr(schedule, "PROGRESS_EVERY_S", 1e9)
     with RunWriter(tmp_path / "q", "r", "s") as w:
         Trainer(w, tmp_path / "q", torch.device("cpu")).run_group(
             [TrainRun("prenorm", {}, corpus, TC, 0, torch.device("cpu"))])
     assert not [line for line in capsys.readouterr().out.splitlines() if "of 12" in line]
+
+
+def test_a_race_on_a_busy_cpu_trains_on_the_cores_other_work_left():
+    """Read at the start: a load average of 1.9 on 2 CPUs leaves 1 core; a quiet machine, a GPU, a
+    load that leaves every thread a core, or no load reading keep the threads."""
+    from harness.cli.train import race_threads
+    busy = {"busy": ["the load average is 1.9 on 2 CPUs (busy above 1)"], "load_avg": 1.9, "cpus": 2,
+            "pressure": 0.02}
+    assert race_threads(busy, "cpu", 2) == 1
+    assert race_threads({**busy, "load_avg": 3.7}, "cpu", 2) == 1  # never below one
+    assert race_threads({**busy, "load_avg": 1.2, "cpus": 8}, "cpu", 8) == 7
+    assert race_threads({**busy, "load_avg": 0.4}, "cpu", 2) is None  # busy by pressure, cores free
+    assert race_threads({**busy, "busy": []}, "cpu", 2) is None
+    assert race_threads(busy, "cuda", 2) is None and race_threads(None, "cpu", 2) is None
+    assert race_threads({**busy, "load_avg": None}, "cpu", 2) is None

@@ -192,20 +192,27 @@ class Run:
 
     def manifest(self, extra: dict[str, Any]) -> None:
         """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun. Each session
-        records ``cpu_pressure_start``, the machine's CPU pressure as it began (a ratio, None
-        without PSI), which later plans read to leave busy runs out of their calibration."""
+        records ``cpu_pressure_start`` (the machine's CPU pressure as it began, a ratio, None
+        without PSI), ``load_avg_start`` and ``cpus`` (:func:`harness.timing.noise.machine_load`),
+        which later plans read to leave busy runs out of their calibration."""
         if not isinstance(self.writer, RunWriter):
             return
-        from harness.timing.noise import pressure_avg10
+        from harness.timing.noise import machine_load
+        m = machine_load()
         write_manifest(self.dir, self.device, {"run_id": self.run_id, "command": self.command,
-                                               "spec": SPEC_FILE, "cpu_pressure_start": pressure_avg10(),
-                                               **extra})
+                                               "spec": SPEC_FILE, "cpu_pressure_start": m["pressure"],
+                                               "load_avg_start": m["load_avg"], "cpus": m["cpus"], **extra})
 
     def finish(self, started: float) -> None:
         """Write the command's wall time since ``started`` (``time.perf_counter``) beside its plan:
         ``actual_s`` of this session in ``manifest.json`` (and at the top for a first session),
         which later runs calibrate their estimate on (:mod:`harness.cli.forecast`). Only a command
         that finished calls it: an interrupted one leaves no ``actual_s``."""
+        self.note_session(actual_s=round(time.perf_counter() - started, 1))
+
+    def note_session(self, **fields: Any) -> None:
+        """Set ``fields`` on this session in ``manifest.json`` (and at the top for a first session);
+        nothing without a manifest (ranks ≠ 0) or when it cannot be read."""
         path = self.dir / "manifest.json"
         if not isinstance(self.writer, RunWriter) or not path.exists():
             return
@@ -213,12 +220,11 @@ class Run:
             m = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return
-        actual = round(time.perf_counter() - started, 1)
         sessions = m.get("sessions") or []
         if sessions:
-            sessions[-1]["actual_s"] = actual
+            sessions[-1].update(fields)
         if len(sessions) <= 1:
-            m["actual_s"] = actual
+            m.update(fields)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(m, indent=2, default=str))
         tmp.replace(path)

@@ -78,6 +78,8 @@ def run_cmd(config, dry_run, **cli) -> None:
     if split:
         click.echo(f"note: {len(split)} paired group(s) do not fit in {budget / 2**30:.1f} GiB by estimate "
                    "and are split into subgroups that each hold prenorm (manifest: group_memory)", err=True)
+    from harness.timing.noise import machine_load
+    load = machine_load()  # before this command's own work: what other work holds
     run.announce(f"  ({len(cases)} cost cases" + (f", {len(runs)} training runs)" if runs else ")"))
     from harness.costs.bandwidth import record_bandwidth
     from harness.sweep.run import run_sweep
@@ -88,7 +90,7 @@ def run_cmd(config, dry_run, **cli) -> None:
         if stats.get("skipped"):
             skip_reasons(run.dir)
         if runs:
-            train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race")
+            train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race", load=load)
         if spec.output.report:
             write_report([run.dir])
     run.finish(started)

@@ -45,17 +45,48 @@ def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[st
             for seed in seeds for r, opts in options_by_router.items()]
 
 
-def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train") -> None:
+def race_threads(load: dict | None, device_type: str, threads: int) -> int | None:
+    """The intra-op threads a smoke race should train on when the machine was busy at the start
+    (``load``: :func:`harness.timing.noise.machine_load` read then, before this command's own
+    work): the CPUs other work did not hold, max(1, CPUs − round(load average)); None to keep
+    ``threads`` (a quiet machine, a GPU, or no fewer threads to give).
+
+    Threads that step in lockstep stall at every parallel region when another process holds one
+    of their cores: measured here, a d=64 decoder's training step under two busy loops on 2 CPUs
+    took 87 ms on 2 threads and 35–41 ms on 1 (18 and 23 ms quiet). Both sides of a race train on
+    the same threads, so the pairing holds."""
+    if device_type != "cpu" or not load or not load.get("busy") or load.get("load_avg") is None:
+        return None
+    free = max(1, int(load["cpus"]) - round(load["load_avg"]))
+    return free if free < threads else None
+
+
+def train_runs(runs, corpus, tc, run: Run, quiet: bool, label: str = "train",
+               load: dict | None = None) -> None:
     """Train the planned runs (the smoke race of ``routerbench run``) interleaved, in turns of 10
     steps, when they fit in memory together (:func:`harness.training.schedule.choose_schedule`),
     else one after the other; each evaluation is committed and checkpointed, so an interrupted race
-    resumes mid-run."""
+    resumes mid-run. On a CPU that was busy at the start (``load``) they train on the threads
+    :func:`race_threads` gives, said in one line and kept in the manifest (``race_threads``)."""
+    import torch
+
     from harness.training.run import TrainRun
     from harness.training.schedule import Trainer, choose_schedule
     trainer = Trainer(run.writer, run.dir, run.device, quiet, label)
     group = [TrainRun(r, opts, corpus, tc, seed, run.device) for r, opts, seed, _ in runs]
-    # in turns of 10 steps where memory allows, so both sides of the race meet the same load
-    trainer.run_group(group, schedule=choose_schedule("auto", group, run.device)["schedule"])
+    before = torch.get_num_threads()
+    fewer = race_threads(load, run.device.type, before)
+    if fewer is not None:
+        click.echo(f"{label}: the machine was busy at the start ({'; '.join(load['busy'])}): training on "
+                   f"{fewer} thread{'s' * (fewer != 1)}, not {before}, so that the cores other work holds do "
+                   "not stall every step", err=True)
+        run.note_session(race_threads={"threads": fewer, "instead_of": before, "load": load})
+        torch.set_num_threads(fewer)
+    try:
+        # in turns of 10 steps where memory allows, so both sides of the race meet the same load
+        trainer.run_group(group, schedule=choose_schedule("auto", group, run.device)["schedule"])
+    finally:
+        torch.set_num_threads(before)
 
 
 def pilot_target(trainer, pilot, run: Run) -> float:

@@ -239,11 +239,16 @@ def read_manifests(device_dir: Path) -> list[dict]:
 
 def busy_start(manifest: dict) -> bool:
     """Whether an earlier run began on a busy machine: its first session's ``cpu_pressure_start``
-    above the noisy-group threshold ``cpu_pressure_max`` (:mod:`harness.timing.noise`)."""
-    from harness.timing.noise import THRESHOLDS
+    above the noisy-group threshold ``cpu_pressure_max``, or its ``load_avg_start`` above
+    :data:`harness.timing.noise.LOAD_SHARE_MAX` of its ``cpus`` (older manifests have no load
+    average: their pressure alone decides)."""
+    from harness.timing.noise import LOAD_SHARE_MAX, THRESHOLDS
     sessions = manifest.get("sessions") or [manifest]
-    p = sessions[0].get("cpu_pressure_start") if isinstance(sessions[0], dict) else None
-    return isinstance(p, (int, float)) and p > THRESHOLDS["cpu_pressure_max"]
+    first = sessions[0] if isinstance(sessions[0], dict) else {}
+    p, load, cpus = first.get("cpu_pressure_start"), first.get("load_avg_start"), first.get("cpus")
+    num = lambda v: isinstance(v, (int, float))  # noqa: E731
+    return ((num(p) and p > THRESHOLDS["cpu_pressure_max"])
+            or (num(load) and num(cpus) and cpus > 0 and load > LOAD_SHARE_MAX * cpus))
 
 
 def ratio_of(manifest: dict) -> float | None:
@@ -295,20 +300,20 @@ def describe_calibration(cal: dict | None) -> str:
 
 def load_now() -> dict | None:
     """How much slower the machine's present load may make a command, for the high end of its
-    plan: None when the machine is quiet (``/proc/pressure/cpu`` avg10 at most the noisy-group
-    threshold ``cpu_pressure_max``, or no PSI), else ``{"factor", "pressure", "load_avg", "cpus"}``
-    with factor = 1 + max(load average / CPUs, CPU pressure): the share of the CPUs other work
-    holds, which a run that keeps every core busy must wait for. The low end stays, since the load
-    may lift; calibration leaves runs begun busy out (:func:`busy_start`), so the factor never
-    compounds. Reads :data:`harness.timing.noise.PRESSURE_FILE` and
+    plan: None when the machine is quiet (:func:`harness.timing.noise.machine_load`: CPU pressure
+    and load average within their thresholds), else ``{"factor", "pressure", "load_avg", "cpus"}``
+    with factor = 1 + max(load average / CPUs, CPU pressure), capped at 1 + 1: the share of the
+    CPUs other work holds, which a run that keeps every core busy must wait for. The low end
+    stays, since the load may lift; calibration leaves runs begun busy out (:func:`busy_start`),
+    so the factor never compounds. Reads :data:`harness.timing.noise.PRESSURE_FILE` and
     :data:`harness.timing.noise.LOADAVG_FILE`."""
     from harness.timing import noise
-    p = noise.pressure_avg10()
-    if p is None or p <= noise.THRESHOLDS["cpu_pressure_max"]:
+    m = noise.machine_load()
+    if not m["busy"]:
         return None
-    load, cpus = noise.load_average(), noise.cpu_count()
-    share = max(p, (load or 0.0) / cpus)
-    return {"factor": round(1.0 + share, 3), "pressure": p, "load_avg": load, "cpus": cpus}
+    share = min(1.0, max(m["pressure"] or 0.0, (m["load_avg"] or 0.0) / m["cpus"]))
+    return {"factor": round(1.0 + share, 3), "pressure": m["pressure"], "load_avg": m["load_avg"],
+            "cpus": m["cpus"]}
 
 
 def describe_load(load: dict | None) -> str:
@@ -316,9 +321,9 @@ def describe_load(load: dict | None) -> str:
     pressure 96 %)``, or "" on a quiet machine."""
     if not load:
         return ""
-    avg = f"load average {load['load_avg']:.1f} on {load['cpus']} CPUs, " if load.get("load_avg") is not None else ""
-    return (f"busy now: the high end allows ×{load['factor']:.2f} for the load ({avg}CPU pressure "
-            f"{load['pressure'] * 100:.0f} %)")
+    said = ([f"load average {load['load_avg']:.1f} on {load['cpus']} CPUs"] if load.get("load_avg") is not None
+            else []) + ([f"CPU pressure {load['pressure'] * 100:.0f} %"] if load.get("pressure") is not None else [])
+    return f"busy now: the high end allows ×{load['factor']:.2f} for the load ({', '.join(said)})"
 
 
 def fmt_span(span: Span) -> str:

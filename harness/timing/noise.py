@@ -132,22 +132,47 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def busy_warning(text: str | None = None, threshold: float = THRESHOLDS["cpu_pressure_max"]) -> str | None:
-    """One line to print at the start of a measuring command when the machine is already busy:
-    :func:`pressure_avg10` exceeds ``threshold`` (the noisy-group threshold ``cpu_pressure_max``).
+#: A machine counts as busy before a command starts when its 1-minute load average exceeds this
+#: share of its CPUs: other work then holds cores that a step using every core must wait for, even
+#: while no task waits yet (two busy loops on two idle cores read a CPU pressure near 0 until the
+#: command starts).
+LOAD_SHARE_MAX = 0.5
+
+
+def machine_load(text: str | None = None) -> dict[str, Any]:
+    """The machine's load now: ``pressure`` (:func:`pressure_avg10`, None without PSI),
+    ``load_avg`` (:func:`load_average`), ``cpus`` (:func:`cpu_count`) and ``busy``, the readings
+    past their thresholds in words (``[]`` on a quiet machine): CPU pressure above
+    ``cpu_pressure_max``, or a load average above :data:`LOAD_SHARE_MAX` of the CPUs.
 
     Args:
         text: the contents of ``/proc/pressure/cpu`` (read from :data:`PRESSURE_FILE` when None).
-        threshold: the ratio above which to warn.
+    """
+    p, load, cpus = pressure_avg10(text), load_average(), cpu_count()
+    busy = []
+    if p is not None and p > THRESHOLDS["cpu_pressure_max"]:
+        busy.append(f"a task waited for a CPU {p * 100:.0f} % of the last 10 s (/proc/pressure/cpu avg10, "
+                    f"busy above {THRESHOLDS['cpu_pressure_max'] * 100:.0f} %)")
+    if load is not None and load > LOAD_SHARE_MAX * cpus:
+        busy.append(f"the load average is {load:.1f} on {cpus} CPUs (busy above {LOAD_SHARE_MAX * cpus:g})")
+    return {"pressure": p, "load_avg": load, "cpus": cpus, "busy": busy}
+
+
+def busy_warning(text: str | None = None) -> str | None:
+    """One line to print at the start of a measuring command when the machine is already busy
+    (:func:`machine_load`: CPU pressure or load average past its threshold), saying what the run
+    will do about it.
+
+    Args:
+        text: the contents of ``/proc/pressure/cpu`` (read from :data:`PRESSURE_FILE` when None).
 
     Returns:
-        the warning, or None when the machine is quiet or the reading is unavailable.
+        the warning, or None when the machine is quiet or no reading is available.
     """
-    avg10 = pressure_avg10(text)
-    if avg10 is None or avg10 <= threshold:
+    busy = machine_load(text)["busy"]
+    if not busy:
         return None
-    return (f"warning: this machine is busy before the start: a task waited for a CPU {avg10:.0%} of the "
-            f"last 10 s (/proc/pressure/cpu avg10, noisy above {threshold:.0%}); a noisy group is timed "
+    return (f"warning: this machine is busy before the start: {'; '.join(busy)}; a noisy group is timed "
             "again only once the load has dropped, else it keeps its first timing, flagged noisy; run "
             "again when nothing else runs for numbers you can quote")
 

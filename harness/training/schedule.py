@@ -127,6 +127,7 @@ class Trainer:
                 self.segments[seg["case"]] = max(seg["step"], self.segments.get(seg["case"], -1))
         self.bar = None
         self._said = time.monotonic()  # when the last progress line was printed (no bar)
+        self._live: list[TrainRun] = []  # the runs of the group in progress
 
     def done(self, run: TrainRun) -> bool:
         """Whether ``run`` is complete in the records (rank 0's answer, on every rank)."""
@@ -176,11 +177,14 @@ class Trainer:
             self.bar.update(ev.step - self._shown.get(run.key, ev.step))
             self._shown[run.key] = ev.step
             self.bar.set_postfix_str(f"{run.router} s{run.seed} val {ev.val_loss:.3f}")
-        elif not run.done and not self.quiet and time.monotonic() - self._said >= PROGRESS_EVERY_S:
-            # no bar (stderr is not a terminal: a log, CI): a line at most every PROGRESS_EVERY_S
+        elif not run.done and not self.quiet and self.main and time.monotonic() - self._said >= PROGRESS_EVERY_S:
+            # no bar (stderr is not a terminal: a log, CI): a line at most every PROGRESS_EVERY_S,
+            # of every run of the group still training (an interleaved group advances together)
             self._said = time.monotonic()
-            self._echo(run, f"step {ev.step} of {run.stop_step}, val loss {ev.val_loss:.3f} nats, "
-                            f"{run.clock:.0f} s on its clock")
+            live = [r for r in self._live if not r.done and r.evals] or [run]
+            click.echo(f"{self.label}: " + "; ".join(
+                f"{r.router} seed {r.seed} step {r.evals[-1].step} of {r.stop_step}, val loss "
+                f"{r.evals[-1].val_loss:.3f} nats, {r.clock:.0f} s on its clock" for r in live))
 
     # --- starting and failing ----------------------------------------------------------------
     def resume_point(self, run: TrainRun) -> Path | None:
@@ -280,6 +284,7 @@ class Trainer:
                 self._shown = {}
                 names = ", ".join(f"{r.router} seed {r.seed}" for r in group)
                 active = [r for r in group if self.start(r)]
+                self._live = list(active)
                 self.bar = tqdm(total=sum(r.stop_step for r in active), initial=sum(r.step for r in active),
                                 desc=f"{self.label} {names}"[:60], unit="step",
                                 disable=self.quiet or not self.main or not active or not sys.stderr.isatty(),
