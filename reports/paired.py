@@ -366,7 +366,7 @@ def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
         g.map_dataframe(_draw, runs=runs, palette=palette)
     g.set_titles("{col_name}", size=9)
     shared_ratio_axes(g.axes.flat, "x")  # one log axis: panels read against each other
-    g.set_axis_labels("step time / prenorm (×, log scale, shared by the panels)", "")
+    g.set_axis_labels("step time / prenorm (×, log)", "")
     if len(runs) > 1:  # a legend of one run says nothing the title does not
         seen: dict = {}
         for ax in g.axes.flat:
@@ -374,7 +374,7 @@ def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
                 seen.setdefault(lbl, h)
         g.figure.legend(list(seen.values()), list(seen), title="run", loc="upper left",
                         bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize=8)
-    g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI"
+    g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI, one log axis"
                       + (", repeated runs side by side" if compare else "")
                       + (f" (run {runs[0]})" if len(runs) == 1 else ""), y=1.02, fontsize=10)
     return g.figure

@@ -230,3 +230,26 @@ def test_no_data_gives_none(tmp_path):
     for name in (*COST_FIGURES, "compile_vs_eager"):
         assert FIGURES[name](df, tmp_path) is None, name
         assert not (tmp_path / f"{name}.png").exists()
+
+
+def test_ratio_panels_share_one_log_axis(sweep_dir):
+    """The per-pair ratio figure's panels (4 shapes here) read on one log axis with 1 inside it;
+    the helper gives panels of different ranges the union of them."""
+    import matplotlib.pyplot as plt
+
+    from reports import paired
+    fig = paired.paired_ratio_grid(paired.paired_ratio_table(load_frame([sweep_dir])))
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 4 and {ax.get_xscale() for ax in axes} == {"log"}
+    assert len({tuple(round(v, 9) for v in ax.get_xlim()) for ax in axes}) == 1
+    lo, hi = axes[0].get_xlim()
+    assert lo < 1 < hi
+    plt.close(fig)
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([0, 1], [1.2, 1.5])
+    b.plot([0, 1], [3.0, 40.0])
+    plotting.shared_ratio_axes([a, b])
+    assert a.get_ylim() == b.get_ylim() and a.get_yscale() == "log"
+    assert a.get_ylim()[0] <= 1.0 and a.get_ylim()[1] >= 40.0
+    assert 1.0 in a.get_yticks() and 20.0 in a.get_yticks()
+    plt.close(fig)
