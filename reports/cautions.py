@@ -65,6 +65,23 @@ def incomplete(df: pd.DataFrame, manifests: dict[str, dict]) -> list[str]:
     return out
 
 
+def race_threads(manifests: dict[str, dict]) -> list[str]:
+    """One sentence per run whose smoke race trained on fewer threads than the cost sweep, because
+    the machine was busy at its start (a session's ``race_threads``, :func:`harness.cli.train.
+    race_threads`): its step times are not those of the environment table's thread count."""
+    out = []
+    for run_id, m in (manifests or {}).items():
+        for session in m.get("sessions") or [m]:
+            rt = session.get("race_threads") if isinstance(session, dict) else None
+            if isinstance(rt, dict) and rt.get("threads"):
+                out.append(f"Race on fewer threads: run {run_id}'s smoke race trained on {rt['threads']} "
+                           f"thread{'s' * (rt['threads'] != 1)}, not {rt.get('instead_of', '?')}, because the "
+                           "machine was busy at its start (manifest: race_threads); its per-step times are "
+                           "those of that thread count, the same for both sides of each pair.")
+                break
+    return out
+
+
 def warnings(df: pd.DataFrame) -> list[str]:
     """What the reader must know before trusting a number: problems met reading the records, and
     timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in

@@ -244,3 +244,29 @@ def test_a_backend_that_failed_is_said_with_why_where_it_failed(tmp_path):
                     "compiled failed: BackendCompilerFailed: backend='inductor' raised: boom."]
     assert table["compile_failed"].iloc[0].startswith("failed: BackendCompilerFailed")
     assert "cudagraph_failed" not in table
+
+
+def test_summary_tables_quote_the_intervals_of_its_sentences(tmp_path):
+    """The terminal summary's table and its sentences come from the same bootstrap: a pair's
+    interval reads the same in both (they once drew different resamples)."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from reports.summary import cost_summary
+    with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            _rows(u, "prenorm", "eager", [10.0, 11.0, 9.0, 12.0, 10.5, 11.5, 9.5, 10.2])
+            _rows(u, "haares", "eager", [15.0, 13.0, 17.0, 14.0, 16.5, 12.5, 15.5, 14.4])
+    row = cost_summary(load_frame([tmp_path])).iloc[0]
+    out = CliRunner().invoke(main, ["summary", str(tmp_path)]).output
+    assert f"{row['eager_ratio']:.3f} [{row['eager_lo']:.3f}, {row['eager_hi']:.3f}]" in out, out
+
+
+def test_a_race_on_fewer_threads_is_said_in_the_warnings():
+    from reports.cautions import race_threads
+    m = {"command": "run", "sessions": [{"race_threads": {"threads": 1, "instead_of": 2, "load": {}}}]}
+    assert race_threads({"r1": m}) == [
+        "Race on fewer threads: run r1's smoke race trained on 1 thread, not 2, because the machine was "
+        "busy at its start (manifest: race_threads); its per-step times are those of that thread count, the "
+        "same for both sides of each pair."]
+    assert race_threads({"r2": {"command": "run", "sessions": [{}]}}) == [] and race_threads({}) == []

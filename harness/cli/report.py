@@ -111,11 +111,11 @@ def summary_cmd(results, unpaired) -> None:
     said, _ = cost_sentences(df, load_manifests(dirs))
     for line in said:
         click.echo(line)
-    pt = paired.paired_ratio_table(df, n_boot=500)
+    pt = paired.paired_ratio_table(df)  # the sentences' own intervals (the same resamples)
     if pt.empty:
         click.echo("no paired timings (routerbench summary --unpaired shows the medians)")
     else:
-        pv = paired.paired_vs_eager_table(df, n_boot=500)
+        pv = paired.paired_vs_eager_table(df)
         click.echo("\n" + _paired_text(pt, pv))
     bad = failures(df)
     if len(bad):
