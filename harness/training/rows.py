@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.rundir import faults
+from harness.timing import noise
+
 
 @dataclass
 class Evaluation:
@@ -25,7 +28,28 @@ class Evaluation:
 class RunRows:
     """The rows of a :class:`harness.training.run.TrainRun` (it provides ``cols``, ``tc``,
     ``evals``, ``mode``, ``status``, ``diverged``, ``tokens_per_step``, ``setup_times``,
-    ``load`` and ``_crossing``)."""
+    ``key``, ``_waited_us``, ``_read_s`` and ``_crossing``)."""
+
+    def _count_load(self, before_us: float | None, took: float) -> None:
+        """Add one timed stretch of ``took`` seconds to :meth:`load`'s reading (``before_us``: the
+        CPU pressure total, :func:`harness.timing.noise.pressure_total_us`, as it began)."""
+        if before_us is not None and (after := noise.pressure_total_us()) is not None:
+            self._waited_us += after - before_us
+            self._read_s += took
+
+    def load(self) -> float | None:
+        """The CPU pressure over this run's own timed steps (a ratio: the share of that time in
+        which some runnable task waited for a CPU, ``/proc/pressure/cpu`` "some"), over the
+        stretches trained in this process (a resumed run reads only those since its resume); a
+        ``busy=PCT`` fault of the run's key plants PCT % (:mod:`harness.rundir.faults`). None
+        without PSI or before a timed step. Two runs of a sequential race that read very
+        different loads are not comparable on time (``reports/race.py`` flags them)."""
+        planted = faults.planted_pressure(self.key)
+        if planted is not None:
+            return planted
+        if self._read_s <= 0:
+            return None
+        return min(1.0, self._waited_us / (self._read_s * 1e6))
 
     def eval_rows(self, ev: Evaluation) -> list[dict]:
         """The rows of one evaluation (``repeat`` = its step)."""

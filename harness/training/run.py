@@ -341,27 +341,11 @@ class TrainRun(RunRows):
             distributed.barrier(self.device)
             took = time.perf_counter() - t0
             self.clock += took
-            if p0 is not None and (p1 := noise.pressure_total_us()) is not None:
-                self._waited_us += p1 - p0
-                self._read_s += took
+            self._count_load(p0, took)
             self._pending_steps += stop - self.step
             self.step = stop
             if self.step == self.next_eval_due():
                 self._evaluate(on_eval)
-
-    def load(self) -> float | None:
-        """The CPU pressure over this run's own timed steps (a ratio: the share of that time in
-        which some runnable task waited for a CPU, ``/proc/pressure/cpu`` "some"), over the
-        stretches trained in this process (a resumed run reads only those since its resume); a
-        ``busy=PCT`` fault of the run's key plants PCT % (:mod:`harness.rundir.faults`). None
-        without PSI or before a timed step. Two runs of a sequential race that read very
-        different loads are not comparable on time (``reports/race.py`` flags them)."""
-        planted = faults.planted_pressure(self.key)
-        if planted is not None:
-            return planted
-        if self._read_s <= 0:
-            return None
-        return min(1.0, self._waited_us / (self._read_s * 1e6))
 
     def next_eval_due(self) -> int:
         """The step of this run's next evaluation (0, every ``eval_every``, its last step)."""
