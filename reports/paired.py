@@ -66,7 +66,7 @@ METHOD = (f"Paired timing: in each run, the routers of one backend, mode and sha
           f"round, with a {CONF:.0%} percentile-bootstrap interval over rounds; medians and IQRs "
           f"are over the same rounds. With --precision-target the interval is the stopping rule's "
           f"own (the distribution-free interval of the median at 1 − α/K for K pre-set looks, "
-          f"MEASUREMENT.md), named in the interval column. A re-timed case's ratio uses its "
+          f"docs/MEASUREMENT.md), named in the interval column. A re-timed case's ratio uses its "
           f"last timing's pairs only. The interval covers noise within one run, not drift "
           f"between runs: the figure shows how repeated runs agree.")
 NO_TABLE = ("No paired step times (rows with a pair column and a prenorm in the same group): "

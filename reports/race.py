@@ -42,7 +42,7 @@ COMPARISON_COLUMNS = [
 POINT_COLUMNS = ["run_id", "backend", "variant", "baseline", "quantity", "seed", "kind", "ratio"]
 
 
-METHOD = ("Protocol (MEASUREMENT.md): untimed warm-up, then weights, optimizer and data order "
+METHOD = ("Protocol (docs/MEASUREMENT.md): untimed warm-up, then weights, optimizer and data order "
           "reset; validation on fixed batches every few steps, off the clock; the crossing of the "
           "target is interpolated linearly between the two evaluations around it. Runs are paired "
           "by seed (same data order and initial weights): ratio = router / baseline per seed, "

@@ -28,10 +28,10 @@ NO_DATA = {
                                    "another router at two or more widths (d_model).",
     "compile_vs_eager": "No data for this figure: no compile or cudagraph step times yet; it "
                         "appears once a sweep includes those backends.",
-    "overhead_vs_width": "No data for this figure: it needs paired step times (--paired) of "
-                         "prenorm and another router at two or more widths (d_model).",
-    "overhead_vs_depth": "No data for this figure: it needs paired step times (--paired) of "
-                         "prenorm and another router at two or more depths (n_layers).",
+    "overhead_vs_width": "No data for this figure: it needs paired step times of prenorm and another "
+                         "router at two or more widths (--widths, e.g. 64,128; the seeds suite has one).",
+    "overhead_vs_depth": "No data for this figure: it needs paired step times of prenorm and another "
+                         "router at two or more depths (--depths, e.g. 4,8).",
     "compile_time_vs_depth": "No data for this figure: it needs compile times (--backends compile) "
                              "of a router at two or more depths (n_layers).",
 }

@@ -300,3 +300,12 @@ def test_a_run_whose_cases_are_mostly_noisy_opens_with_its_verdict(tmp_path):
     assert cautions.verdict(df).startswith("Verdict: this run cannot answer. 2 of 2")
     res = CliRunner().invoke(main, ["summary", str(d)])
     assert res.exit_code == 0 and "vs prenorm [CI]" in res.output and "haares" in res.output
+
+
+def test_progress_names_a_left_noisy_case_by_its_fields():
+    """The eager and compiled cases of one router are told apart on the progress line (they once
+    both read "haares", cut from the case key)."""
+    from harness.sweep.timed import _who
+    eager, = expand(["haares"], TINY, [16], [2], ["fwd_bwd"], impls=["two_phase"])
+    compiled = replace(eager, backend="compile", compile_mode="default", compile_scope="model")
+    assert _who(eager) == "haares two_phase eager" and _who(compiled) == "haares two_phase compile"

@@ -528,7 +528,7 @@ def test_protocol_line_and_run_labels(tmp_path):
     md = build_report(dirs, tmp_path / "both")["report.md"].read_text(encoding="utf-8")
     sec = md.split("## Training race: time to target loss\n\n")[1]
     assert sec.startswith("Run bf1: backend eager, precision bf16-mixed, grad-accum 1")
-    assert sec.index("Run fp: backend eager, precision fp32") < sec.index("Protocol (MEASUREMENT")
+    assert sec.index("Run fp: backend eager, precision fp32") < sec.index("Protocol (docs/MEASUREMENT")
     assert "[run fp, fp32] haares reached" in md
 
 

@@ -246,6 +246,12 @@ class GroupTiming:
     left_noisy: dict[str, float] = field(default_factory=dict)
 
 
+def _who(case) -> str:
+    """A case as the progress line names it: router, impl and backend (``haares two_phase
+    compile``), from its fields."""
+    return " ".join(x for x in (case.router, case.impl, case.backend) if x)
+
+
 def still_busy(case_key: str, opts: SweepOptions) -> float | None:
     """The machine's CPU pressure (a ratio: ``/proc/pressure/cpu`` avg10, or the ``busy=PCT``
     fault planted for ``case_key``) when it is above ``cpu_pressure_max`` of
@@ -349,14 +355,14 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
                     attempt=max(result.attempts.get(k, (1,))))
             result.left_noisy[k] = busy
             if beat is not None:
-                beat("timing", 1, text=f"{k.split('|')[0]} left noisy: the machine is still busy (a task "
+                beat("timing", 1, text=f"{_who(by_key[k])} left noisy: the machine is still busy (a task "
                      f"waited for a CPU {busy:.0%} of the last 10 s); timing again cannot make it quiet",
                      round=0)
             continue
         t0 = time.perf_counter()
         timings += 1
         if beat is not None:
-            beat("timing", len(todo), text=f"re-timing {'the group' if whole else k.split('|')[0]} "
+            beat("timing", len(todo), text=f"re-timing {'the group' if whole else _who(by_key[k])} "
                  f"(attempt {timings}): noisy", round=0)
         status, times, readings, stop = _attempt(todo, by_key, steps, device, w, opts, attempt=timings,
                                                  backend=backend, budget_s=min(opts.group_budget_s, left),
