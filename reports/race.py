@@ -366,7 +366,7 @@ def diverged_warnings(df: pd.DataFrame, names: dict[str, str] | None = None) -> 
                     for r in dead.itertuples(index=False))
     what = ("every training run diverged" if len(dead) == len(runs) else
             f"{len(dead)} of {len(runs)} training runs diverged")
-    notes = say.reasons(dead).split("; ")
+    notes = say.notes(dead)
     why = "; ".join(notes[:3]) + ("; …" if len(notes) > 3 else "")
     return [f"Diverged: {what} ({who}): {why}. A diverged run has no time "
             "to target and none of its losses is a result, so no comparison reads it (a lower "

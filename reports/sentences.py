@@ -175,11 +175,15 @@ def training_sentences(table: Any, prefixes: Iterable[str] | None = None) -> lis
 UNMEASURED = ("error", "skipped", "incomplete")
 
 
-def reasons(runs: Any) -> str:
+def notes(runs: Any) -> list[str]:
     """The distinct notes of runs (rows of :func:`reports.training.runs_table`), else their
-    statuses, as ``"a; b"``."""
-    notes = [n or s for n, s in zip(runs["note"], runs["status"])]
-    return "; ".join(dict.fromkeys(notes))
+    statuses, in order of first appearance."""
+    return list(dict.fromkeys(n or s for n, s in zip(runs["note"], runs["status"])))
+
+
+def reasons(runs: Any) -> str:
+    """:func:`notes` as ``"a; b"``."""
+    return "; ".join(notes(runs))
 
 
 def runs_sentence(runs: Any) -> str:

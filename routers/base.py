@@ -1,22 +1,28 @@
 """The router contract (DESIGN.md, "The router contract") and the block layout rule.
 
-Sublayers are indexed k = 0 .. 2L-1, attention at even k and MLP at odd k (ROUTERS.md). The
-decoder runs::
+Sublayers are indexed k = 0 .. 2L-1, attention at even k and MLP at odd k (ROUTERS.md). A router
+is written once, in one form that every backend and compile scope runs (:func:`route` is the
+loop, which the decoder runs with its sublayers)::
 
     s = r.init_state(e)
     for slot, f in zip(r.slots, sublayers):
-        s = r.write(s, slot, f(r.read(s, slot)))
-    h_out = r.output(s)
+        role, p = r.role(slot), r.params(s, slot)
+        s = r.write(s, role, p, f(r.read(s, role, p)))
+    h_out = r.output(s, r.output_params())
 
-Slots are static Python values, so the loop unrolls under ``torch.compile(fullgraph=True)`` and
-replays inside a CUDA graph.
+A slot's **role** is static (Python constants) and never its index; its **params** are the
+tensors that vary per slot (slices of stacked parameters, rows of the state) and Python ints of
+the router's static plan. Under the layer compile scope the decoder compiles one region per role
+around ``read``, the sublayer and ``write``, and hands it the params, so a region's graph does not
+change with depth. Slots are static Python values, so the loop unrolls under
+``torch.compile(fullgraph=True)`` and replays inside a CUDA graph.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -100,10 +106,11 @@ def single_block_slots(n_layers: int) -> tuple[Slot, ...]:
 
 
 class Router(nn.Module, abc.ABC):
-    """Base class of every residual router.
+    """Base class of every residual router (the module doc's contract).
 
     Subclasses set ``self.slots`` in ``__init__`` and implement :meth:`init_state`, :meth:`read`,
-    :meth:`write` and :meth:`output`. Options are keyword-only arguments of ``__init__`` with
+    :meth:`write` and :meth:`output`, and where a slot's read or write needs more than the state,
+    :meth:`role` and :meth:`params`. Options are keyword-only arguments of ``__init__`` with
     defaults (``routerbench list`` reads them from the signature).
 
     Args:
@@ -122,91 +129,68 @@ class Router(nn.Module, abc.ABC):
         self.slots: tuple[Slot, ...] = single_block_slots(n_layers)
 
     @abc.abstractmethod
-    def init_state(self, embedding: Tensor) -> Any:
-        """State before sublayer 0, from the token embedding e of shape (B, T, d)."""
+    def init_state(self, embedding: Tensor, region: bool = False) -> Any:
+        """The state before sublayer 0, from the token embedding e of shape (B, T, d).
+
+        ``region``: made for the layer compile scope, whose state may be laid out for a fixed
+        length (:meth:`begin` finishes it outside any region)."""
+
+    def begin(self, state: Any) -> Any:
+        """The layer scope's state, from :meth:`init_state`'s, outside any region (a fixed-length pool
+        whose tensors must be distinct objects is made here). Default: ``state``."""
+        return state
+
+    def role(self, slot: Slot) -> tuple:
+        """The static key of ``slot``'s read and write: hashable Python constants, never the
+        slot's index (the layer scope compiles one region per role; the sublayer's kind is added
+        by the decoder). Default: ``()``, the same at every slot."""
+        return ()
+
+    def params(self, state: Any, slot: Slot, region: bool = False) -> tuple:
+        """What ``slot``'s read and write take beside the state and role: tensors (a slice of a
+        stacked parameter, a row of the state; views, no host data) and Python values of the
+        static plan. Under the layer scope (``region``) every per-slot value must be a tensor,
+        since the region is shared by every slot of the role. Default: ``()``."""
+        return ()
 
     @abc.abstractmethod
-    def read(self, state: Any, slot: Slot) -> Tensor:
-        """h_k, the input of sublayer ``slot.index``, shape (B, T, d)."""
+    def read(self, state: Any, role: tuple, params: tuple) -> Tensor:
+        """h_k, the input of the slot's sublayer, shape (B, T, d)."""
 
     @abc.abstractmethod
-    def write(self, state: Any, slot: Slot, update: Tensor) -> Any:
-        """The state after sublayer ``slot.index`` returned ``update`` u_k of shape (B, T, d)."""
+    def write(self, state: Any, role: tuple, params: tuple, update: Tensor) -> Any:
+        """The state after the slot's sublayer returned ``update`` u_k of shape (B, T, d)."""
+
+    def output_params(self, region: bool = False) -> tuple:
+        """The tensors the readout takes (its own parameter rows), as :meth:`params`. Default: ``()``."""
+        return ()
 
     @abc.abstractmethod
-    def output(self, state: Any) -> Tensor:
+    def output(self, state: Any, params: tuple = ()) -> Tensor:
         """h_out, the input of the final RMSNorm, shape (B, T, d)."""
+
+    def pack(self, state: Any) -> Any:
+        """The state as it crosses a compiled region's boundary: tensors, None and plain tuples
+        only (some torch versions' Dynamo rebuild a NamedTuple output with fields missing).
+        Default: ``state``; a router whose state is a NamedTuple returns ``tuple(state)`` and
+        rebuilds it in :meth:`unpack`."""
+        return state
+
+    def unpack(self, state: Any) -> Any:
+        """The inverse of :meth:`pack`. Default: ``state``."""
+        return state
+
+    def check_region_form(self) -> None:
+        """Raise where this instance cannot run under the layer compile scope (a peer kernel that
+        reads the slot itself). Default: nothing.
+
+        Raises:
+            NotImplementedError: no region form (use ``--compile-scope model``).
+        """
 
     def options(self) -> dict[str, Any]:
         """The resolved options of this instance (JSON-able), for the ``router_options`` column."""
         return {}
-
-    # --- regions: the layer compile scope (DESIGN.md, "Backends and modes") --------------------
-    # Under ``--compile-scope layer`` the decoder compiles one region per sublayer *role* and calls
-    # it at every slot of that role: ``region_read``, the sublayer, ``region_write``. A region's
-    # graph may depend only on ``region_role(slot)`` (static, never the slot's index) and on the
-    # shapes of its tensors; whatever else varies per slot reaches it as a tensor of
-    # ``region_params`` (a slice of a stacked parameter, a row of the state), computed outside the
-    # region. The region state may have another layout than the eager one (a padded pool of fixed
-    # length); ``region_init`` makes it, ``region_output`` reads it.
-    def region_role(self, slot: Slot) -> tuple:
-        """The static key of ``slot``'s read and write inside a compiled region (hashable; the
-        sublayer's kind is added by the decoder). Default: ``()``, the same at every slot."""
-        return ()
-
-    def region_params(self, state: Any, slot: Slot) -> tuple:
-        """The tensors (or None) a region of ``slot`` takes beside the state, computed outside it:
-        per-slot parameter slices (α_k, a pseudo-query row) and state rows chosen by the slot's
-        position. Default: ``()``."""
-        return ()
-
-    def region_init(self, embedding: Tensor) -> Any:
-        """The region state before sublayer 0, from e (B, T, d). Default: :meth:`init_state`."""
-        return self.init_state(embedding)
-
-    def region_pack(self, state: Any) -> Any:
-        """The region state as it crosses a compiled region's boundary: tensors, None and plain
-        tuples only (some torch versions' Dynamo rebuild a NamedTuple output with fields
-        missing). Default: ``state``; a router whose region state is a NamedTuple returns
-        ``tuple(state)`` and rebuilds it in :meth:`region_unpack`."""
-        return state
-
-    def region_unpack(self, state: Any) -> Any:
-        """The inverse of :meth:`region_pack`. Default: ``state``."""
-        return state
-
-    def region_begin(self, state: Any) -> Any:
-        """The region state after the init region, outside any region (eager: a layout whose
-        tensors must be distinct objects is made here). Default: ``state``."""
-        return state
-
-    def region_read(self, state: Any, role: tuple, params: tuple) -> Tensor:
-        """h_k (B, T, d) of a slot of ``role`` with ``params``, inside a region.
-
-        Raises:
-            NotImplementedError: the router has no region form (use ``--compile-scope model``).
-        """
-        raise NotImplementedError(f"router {self.name} has no region form for --compile-scope layer; "
-                                  "use --compile-scope model")
-
-    def region_write(self, state: Any, role: tuple, params: tuple, update: Tensor) -> Any:
-        """The region state after a slot of ``role`` returned ``update`` (B, T, d).
-
-        Raises:
-            NotImplementedError: the router has no region form (use ``--compile-scope model``).
-        """
-        raise NotImplementedError(f"router {self.name} has no region form for --compile-scope layer; "
-                                  "use --compile-scope model")
-
-    def region_output_params(self) -> tuple:
-        """The tensors the head region's readout takes (its own parameter rows), computed outside
-        it, so the head region does not depend on the depth either. Default: ``()``."""
-        return ()
-
-    def region_output(self, state: Any, params: tuple = ()) -> Tensor:
-        """h_out (B, T, d) from the region state and :meth:`region_output_params`. Default:
-        :meth:`output`."""
-        return self.output(state)
 
     # --- cost models (MEASUREMENT.md "FLOPs" and "Memory"; docs/FLOPS.md) ----------------------
     @abc.abstractmethod
@@ -286,3 +270,25 @@ class Router(nn.Module, abc.ABC):
             raise ValueError(f"impl={impl!r} is not an implementation of {self.name}; "
                              f"choose one of {self.impls}")
         return impl
+
+
+def route(router: Router, embedding: Tensor, sublayer: Callable[[Slot, Tensor], Tensor]
+          ) -> tuple[list[Tensor], Tensor, Any]:
+    """The contract's loop (module doc) outside a decoder: drives ``router`` over its slots.
+
+    Args:
+        router: any router.
+        embedding: e, (B, T, d).
+        sublayer: ``(slot, h) -> u``, the update of the slot's sublayer from its input (B, T, d).
+
+    Returns:
+        (the 2L reads h_k, h_out, the final state).
+    """
+    state, reads = router.init_state(embedding), []
+    for slot in router.slots:
+        role = router.role(slot)
+        p = router.params(state, slot)
+        h = router.read(state, role, p)
+        reads.append(h)
+        state = router.write(state, role, p, sublayer(slot, h))
+    return reads, router.output(state, router.output_params()), state

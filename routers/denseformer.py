@@ -88,29 +88,15 @@ class DenseFormer(Router):
         return torch.einsum("mbtd,m->btd", torch.stack(src), alpha.to(src[0].dtype))
 
     # --- the contract ------------------------------------------------------------------------
-    def init_state(self, embedding: Tensor) -> DenseState:
-        return DenseState(embedding, (embedding,))
+    def init_state(self, embedding: Tensor, region: bool = False) -> DenseState:
+        """h = e, and the bank (e,); under the layer scope (``region``) the pool of N + 1 outputs,
+        e first and zeros where no output is yet, so no region's graph depends on the unit."""
+        if not region:
+            return DenseState(embedding, (embedding,))
+        empty = embedding.new_zeros(self.n_units, *embedding.shape)
+        return DenseState(embedding, torch.cat([embedding.unsqueeze(0), empty]))
 
-    def read(self, state: DenseState, slot: Slot) -> Tensor:
-        return state.h
-
-    def write(self, state: DenseState, slot: Slot, update: Tensor) -> DenseState:
-        h, bank = state.h + update, state.bank
-        i = self.unit_end(slot)
-        if i is not None:
-            bank = (*bank, h)
-            if i in self.dwa_units:
-                h = self._dwa(bank, i)
-        return DenseState(h, () if slot.index == len(self.slots) - 1 else bank)
-
-    def output(self, state: DenseState) -> Tensor:
-        return state.h
-
-    def options(self) -> dict:
-        return {"dilation": self.dilation, "period": self.period, "unit": self.unit}
-
-    # --- regions -------------------------------------------------------------------------------
-    def region_role(self, slot: Slot) -> tuple:
+    def role(self, slot: Slot) -> tuple:
         """``("add",)``, ``("append",)`` (a unit end without DWA) or ``("dwa",)``, with
         ``"last"`` added at the last sublayer."""
         i = self.unit_end(slot)
@@ -124,25 +110,36 @@ class DenseFormer(Router):
         idx = torch.arange(0, self.dilation * len(alpha), self.dilation, device=alpha.device)
         return alpha.new_zeros(self.n_units + 1).index_put((idx,), alpha.flip(0))
 
-    def region_params(self, state: DenseState, slot: Slot) -> tuple:
-        """(α_i padded, (N + 1,)) at a DWA unit end, else ()."""
+    def params(self, state: DenseState, slot: Slot, region: bool = False) -> tuple:
+        """At a DWA unit end, the unit i (its weights are read from the bank), or under the layer
+        scope (``region``) α_i padded, (N + 1,); else ()."""
         i = self.unit_end(slot)
-        return (self.padded_weights(i),) if i is not None and i in self.dwa_units else ()
+        if i is None or i not in self.dwa_units:
+            return ()
+        return (self.padded_weights(i),) if region else (i,)
 
-    def region_init(self, embedding: Tensor) -> DenseState:
-        empty = embedding.new_zeros(self.n_units, *embedding.shape)
-        return DenseState(embedding, torch.cat([embedding.unsqueeze(0), empty]))
-
-    def region_read(self, state: DenseState, role: tuple, params: tuple) -> Tensor:
+    def read(self, state: DenseState, role: tuple, params: tuple) -> Tensor:
         return state.h
 
-    def region_write(self, state: DenseState, role: tuple, params: tuple, update: Tensor) -> DenseState:
-        h, pool = state.h + update, state.bank
+    def write(self, state: DenseState, role: tuple, params: tuple, update: Tensor) -> DenseState:
+        """h + u; at a unit end the output joins the bank, and a DWA replaces h by its average."""
+        h, bank = state.h + update, state.bank
         if role[0] != "add":
-            pool = torch.cat([h.unsqueeze(0), pool[:-1]])
-            if role[0] == "dwa":
-                h = torch.einsum("mbtd,m->btd", pool, params[0].to(h.dtype))
-        return DenseState(h, () if role[-1] == "last" else pool)
+            if isinstance(bank, Tensor):  # the layer scope's pool, newest first
+                bank = torch.cat([h.unsqueeze(0), bank[:-1]])
+                if role[0] == "dwa":
+                    h = torch.einsum("mbtd,m->btd", bank, params[0].to(h.dtype))
+            else:
+                bank = (*bank, h)
+                if role[0] == "dwa":
+                    h = self._dwa(bank, params[0])
+        return DenseState(h, () if role[-1] == "last" else bank)
+
+    def output(self, state: DenseState, params: tuple = ()) -> Tensor:
+        return state.h
+
+    def options(self) -> dict:
+        return {"dilation": self.dilation, "period": self.period, "unit": self.unit}
 
     # --- cost models ---------------------------------------------------------------------------
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:

@@ -26,26 +26,21 @@ class PreNorm(Router):
     def __init__(self, d_model: int, n_layers: int) -> None:
         super().__init__(d_model, n_layers)
 
-    def init_state(self, embedding: Tensor) -> Tensor:
+    def init_state(self, embedding: Tensor, region: bool = False) -> Tensor:
+        """h_0 = e."""
         return embedding
 
-    def read(self, state: Tensor, slot: Slot) -> Tensor:
-        return state
-
-    def write(self, state: Tensor, slot: Slot, update: Tensor) -> Tensor:
-        return self.region_write(state, (), self.region_params(state, slot), update)
-
-    def output(self, state: Tensor) -> Tensor:
-        return state
-
-    # --- regions (Router docstrings): the same read and write at every slot -------------------
-    def region_read(self, state: Tensor, role: tuple, params: tuple) -> Tensor:
+    def read(self, state: Tensor, role: tuple, params: tuple) -> Tensor:
         """h_k is the stream itself."""
         return state
 
-    def region_write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
+    def write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
         """``h + u``."""
         return state + update
+
+    def output(self, state: Tensor, params: tuple = ()) -> Tensor:
+        """h_out = h_2L."""
+        return state
 
     # --- cost models (Router docstrings; docs/FLOPS.md) ----------------------------------------
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
@@ -92,11 +87,11 @@ class ReZero(PreNorm):
         super().__init__(d_model, n_layers)
         self.alpha = nn.Parameter(torch.zeros(2 * n_layers))
 
-    def region_params(self, state: Tensor, slot: Slot) -> tuple:
+    def params(self, state: Tensor, slot: Slot, region: bool = False) -> tuple:
         """α_k, a 0-d slice of the stacked α."""
         return (self.alpha[slot.index],)
 
-    def region_write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
+    def write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
         """``h + α_k u``."""
         return state + params[0] * update
 
@@ -133,19 +128,20 @@ class LayerScale(PreNorm):
 
     def __init__(self, d_model: int, n_layers: int, *, init: float | None = None) -> None:
         super().__init__(d_model, n_layers)
-        self.init = cait_init(n_layers) if init is None else float(init)
-        self.gamma = nn.Parameter(torch.full((2 * n_layers, d_model), self.init))
+        #: the initial value of every γ (the ``init`` option)
+        self.gamma_init = cait_init(n_layers) if init is None else float(init)
+        self.gamma = nn.Parameter(torch.full((2 * n_layers, d_model), self.gamma_init))
 
-    def region_params(self, state: Tensor, slot: Slot) -> tuple:
+    def params(self, state: Tensor, slot: Slot, region: bool = False) -> tuple:
         """γ_k (d,), a row of the stacked γ."""
         return (self.gamma[slot.index],)
 
-    def region_write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
+    def write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
         """``h + γ_k ⊙ u``."""
         return state + params[0] * update
 
     def options(self) -> dict:
-        return {"init": self.init}
+        return {"init": self.gamma_init}
 
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Forward FLOP of ``h_{k+1} = h_k + γ_k ⊙ u_k`` over B·T tokens (docs/FLOPS.md).

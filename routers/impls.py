@@ -7,20 +7,23 @@ per schedule, its **plug-in points**: the callables a peer may replace. ``naive`
 reference (routerbench's own PyTorch code).
 
 **block** (``block_attnres``, ``full_attnres``, ``haares``, ``wav_v1``): the two schedules of
-:class:`routers.attnres.BlockAttnRes`:
+:class:`routers.block.router.BlockRouter`:
 
 - ``schedule="naive"``: every read stacks its sources and mixes them. A peer replaces the depth
   mixer of that read (:func:`routers.mixer.depth_mix`) by its ``mix`` callable, with the same
   arguments: ``mix(sources, query, bias, key_gain, eps) -> h`` (sources n × (B, T, d), query (d,),
   bias (n,) or None, key_gain (d,) or None; h (B, T, d) in the sources' dtype). The sublayer's
   own input norm belongs to the workload: a peer must not fuse it.
-- ``schedule="two_phase"``: a peer replaces the two phases of ``routers/two_phase.py`` by its
-  ``phases = (phase1, phase2)``, with the signatures of :func:`routers.two_phase.phase1` and
-  :func:`routers.two_phase.phase2`. The built-in ``lean`` runs this schedule too, with its own
-  phases, inverse RMS and readout as custom autograd Functions (``backward="recompute"``).
+- ``schedule="two_phase"``: a peer replaces the two phases of ``routers/block/two_phase.py`` by
+  its ``phases = (phase1, merge)``, with the signatures of :func:`routers.block.phases.phase1`
+  (m queries over the completed sources, newest first: ``phase1(q, bias, values, inv, valid,
+  scope) -> (o, μ, s)``) and :func:`routers.block.phases.merge` (phase 2 of one read: ``merge(o,
+  μ, s, q, P, details, bias, max_detail_scale, updates, coefs, kinds, n_kinds, scope) -> h``);
+  ours computes the inverse RMS and the readout. The built-in ``lean`` runs this schedule too, with its own phases,
+  inverse RMS and readout as custom autograd Functions (``backward="recompute"``).
 
-**stream** (``shc``, ``dhc``, ``mhc``: :class:`routers.hyper.StreamRouter`, n copies of the
-residual; the hooks' signatures are in :mod:`routers.stream_impls`):
+**stream** (``shc``, ``dhc``, ``mhc``: :class:`routers.stream.StreamRouter`, n copies of the
+residual; the hooks' signatures are in :mod:`routers.stream`):
 
 - ``schedule="naive"`` (coefficients carried in the state): points ``coefficients`` (a, W, c of
   a sublayer from the streams before it), ``pre_mix`` (h = Σ_s a_s X_s) and ``post_res``
@@ -51,6 +54,7 @@ import importlib.metadata
 import os
 import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import ConfigError
@@ -99,9 +103,9 @@ class Impl:
         routers: routers it implements.
         schedule: the schedule it plugs into, one of its family's (:data:`FAMILIES`).
         mix: block family, naive schedule: the depth mixer (module doc); None for the built-in.
-        phases: block family, two_phase schedule: ``(phase1, phase2)``; None for the built-in.
+        phases: block family, two_phase schedule: ``(phase1, merge)``; None for the built-in.
         hooks: the other families' plug-in points it supplies, point → callable (stream family:
-            :mod:`routers.stream_impls`); the points it leaves out run ours.
+            :mod:`routers.stream`); the points it leaves out run ours.
         options: per router, the options it implements that router only with (its conventions,
             e.g. Liger's mHC: ``{"mhc": {"sk_init": "softmax_eps", …}}``); its cases and their
             parity check run with them (:func:`case_options`).
@@ -116,7 +120,7 @@ class Impl:
             (``TRITON_INTERPRET=1``); some Triton-based packages refuse CPU tensors even then.
         backward: ``"autograd"`` (autograd differentiates the forward's ops) or ``"recompute"``
             (custom autograd Functions keep the sources once and a few statistics, and recompute
-            the rest: ``lean``, ``routers/lean.py``).
+            the rest: ``lean``, ``routers/block/lean.py``).
     """
 
     name: str
@@ -258,16 +262,16 @@ def get(name: str, router: str | None = None) -> Impl:
     return impl
 
 
-def case_options(impl: Impl, router: str, given: dict) -> dict:
+def case_options(impl: Impl, router: str, given: dict, defaults: dict) -> dict:
     """The options a case of ``impl`` on ``router`` runs with: ``given`` (the user's), plus the
     conventions ``impl`` declares (:attr:`Impl.options`) where they differ from the router's
-    defaults (so a peer's case and naive's under the same conventions share their options).
+    ``defaults`` (``routers.router_options``; so a peer's case and naive's under the same
+    conventions share their options).
 
     Raises:
         ConfigError: ``given`` sets a declared convention to another value (naming
             ``--router-options`` and ``--impls``).
     """
-    from .registry import router_options
     declared = impl.options.get(router, {})
     clash = {k: v for k, v in declared.items() if k in given and given[k] != v}
     if clash:
@@ -275,7 +279,6 @@ def case_options(impl: Impl, router: str, given: dict) -> dict:
         got = ", ".join(f"{k}={given[k]!r}" for k in clash)
         raise ConfigError(f"--impls {impl.name}: it implements {router} only with {want}, but "
                           f"--router-options sets {got}; drop those options or that impl")
-    defaults = router_options(router)
     return {**given, **{k: v for k, v in declared.items() if k not in given and defaults.get(k) != v}}
 
 
@@ -298,7 +301,7 @@ register(Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase",
               conventions=_builtin_note + ": the AttnRes paper's two-phase schedule", builtin=True))
 register(Impl("lean", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",
               conventions=_builtin_note + ": the two-phase schedule with a backward that keeps each "
-              "source once and a few float32 statistics per token (routers/lean.py)", builtin=True))
+              "source once and a few float32 statistics per token (routers/block/lean.py)", builtin=True))
 
 _peers_loaded = False
 
@@ -310,9 +313,8 @@ def _load_peers() -> None:
     if _peers_loaded:
         return
     _peers_loaded = True
-    from . import peers
-    for m in pkgutil.iter_modules(peers.__path__):
-        if not m.name.startswith("_"):
-            mod = importlib.import_module(f"{peers.__name__}.{m.name}")
+    for m in pkgutil.iter_modules([str(Path(__file__).with_name("peers"))]):
+        if not m.name.startswith("_"):  # plug-ins found by name, as the registry finds routers
+            mod = importlib.import_module(f"{__package__}.peers.{m.name}")
             if hasattr(mod, "IMPL"):
                 register(mod.IMPL)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError
-from .hyper import Coefficients, StreamRouter, check_choice, compute_dtype, full_precision
+from .stream import Coefficients, StreamRouter, check_choice, compute_dtype, full_precision
 from .registry import register
 
 

@@ -28,16 +28,16 @@ from torch import Tensor, nn
 
 from .errors import ConfigError
 
-from .attnres import BlockAttnRes
 from .base import Slot
+from .block.router import BlockRouter
 from .mixer import rms_match
 from .registry import register
 
 PARTIAL_DETAILS = ("always", "informative", "never")
 
 
-class MultiResolutionRouter(BlockAttnRes):
-    """Block AttnRes plus zero-sum detail bases (arXiv:2606.06564). Subclasses set ``detail_kinds``.
+class MultiResolutionRouter(BlockRouter):
+    """The block router plus zero-sum detail bases (arXiv:2606.06564). Subclasses set ``detail_kinds``.
 
     Args:
         d_model: width d.
@@ -52,7 +52,7 @@ class MultiResolutionRouter(BlockAttnRes):
             ``"informative"`` (only when not ±P) or ``"never"``.
         readout_details: let the final readout see the completed blocks' details too.
         key_norm_gain: learnable gain in each read's key RMSNorm.
-        impl: ``"naive"`` or ``"two_phase"`` (see :class:`BlockAttnRes`).
+        impl: ``"naive"``, ``"two_phase"``, ``"lean"`` (:class:`routers.block.router.BlockRouter`).
 
     Raises:
         ConfigError: an option out of range, or a block with an odd number of sublayers.

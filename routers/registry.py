@@ -21,7 +21,7 @@ BASELINE = "prenorm"
 
 
 #: Modules of ``routers`` that define no router (infrastructure, imported where needed).
-INFRA_MODULES = frozenset({"base", "errors", "registry", "mixer", "two_phase", "lean", "impls", "peers"})
+INFRA_MODULES = frozenset({"base", "errors", "registry", "mixer", "impls", "peers", "stream", "block"})
 #: None (not loaded), "loading" (an import under way: a nested call returns at once) or "done".
 _state: str | None = None
 

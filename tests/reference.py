@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from routers import route
+
 EPS = 1e-6
 
 
@@ -90,9 +92,4 @@ def weights_at_init(sources, detail_bias=-2.0):
 def drive(router, e, updates):
     """Run a router through all its sublayers with given updates (the decoder's loop without
     sublayers). Returns (every read h_k, h_out, the final state)."""
-    state = router.init_state(e)
-    reads = []
-    for slot in router.slots:
-        reads.append(router.read(state, slot))
-        state = router.write(state, slot, updates[slot.index])
-    return reads, router.output(state), state
+    return route(router, e, lambda slot, h: updates[slot.index])

@@ -8,6 +8,8 @@ import math
 
 import torch
 
+from routers import route
+
 
 B, T, D = 2, 3, 8
 SIG3, SIGM3 = 1 / (1 + math.exp(-3)), 1 / (1 + math.exp(3))     # σ(3), σ(−3): A.6's H_pre
@@ -22,11 +24,8 @@ def inputs(L, seed=0, d=D, dtype=torch.float64):
 
 def drive(r, e, ups):
     """Every read and h_out of router ``r`` driven with the fixed updates ``ups``."""
-    state, reads = r.init_state(e), []
-    for slot in r.slots:
-        reads.append(r.read(state, slot))
-        state = r.write(state, slot, ups[slot.index])
-    return reads, r.output(state)
+    reads, h_out, _ = route(r, e, lambda slot, h: ups[slot.index])
+    return reads, h_out
 
 
 def prenorm(e, ups):

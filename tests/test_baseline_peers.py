@@ -14,8 +14,8 @@ import pytest
 import torch
 from reference_baselines import randomised
 
-from routers import build_router
-from routers.hyper import Coefficients, StreamState
+from routers import build_router, route
+from routers.stream import Coefficients, StreamState
 from routers.mhc import sinkhorn
 
 B, T, D, N = 2, 3, 8, 4
@@ -38,11 +38,8 @@ def test_hyper_connections_equal_lucidrains(name):
     opts = {"dyn_norm": "rmsnorm", "dyn_norm_eps": 0.0} if name == "dhc" else {}
     r = randomised(build_router(name, D, L, **opts).double())
     e, ups = streams_in(L=L)
-    state, ours = r.init_state(e), []
-    for slot in r.slots:
-        ours.append(r.read(state, slot))
-        state = r.write(state, slot, ups[slot.index])
-    ours.append(r.output(state))
+    ours, h_out, _ = route(r, e, lambda slot, h: ups[slot.index])
+    ours.append(h_out)
 
     residuals = e.repeat_interleave(N, dim=0)                 # '(b s) t d', the package's expand
     theirs = []
@@ -103,9 +100,10 @@ def test_mhc_coefficients_and_apply_equal_tilekernels_under_its_conventions():
 
     # apply: the reference returns bfloat16, so compare at its rounding
     state = StreamState(X, Coefficients(a, W, c))
-    torch.testing.assert_close(r.read(state, r.slots[0]).bfloat16(), tk.mhc_pre_apply_mix_ref(X, pre),
-                               rtol=1e-2, atol=1e-2)
-    x_new = r.write(state, r.slots[-1], u).x
+    first, last = r.slots[0], r.slots[-1]
+    torch.testing.assert_close(r.read(state, r.role(first), r.params(state, first)).bfloat16(),
+                               tk.mhc_pre_apply_mix_ref(X, pre), rtol=1e-2, atol=1e-2)
+    x_new = r.write(state, r.role(last), r.params(state, last), u).x
     torch.testing.assert_close(x_new.bfloat16(), tk.mhc_post_ref(u, X, post, h_res), rtol=1e-2, atol=2e-2)
 
 

@@ -9,7 +9,8 @@ from reference_baselines import B, D, SIG3, SIGM3, T, a6, drive, inputs, prenorm
 import torch
 
 from routers import build_router
-from routers.hyper import DynamicHyperConnections, StaticHyperConnections, StreamState
+from routers.hyper import DynamicHyperConnections, StaticHyperConnections
+from routers.stream import StreamState
 from routers.mhc import ManifoldHyperConnections
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
@@ -34,7 +35,7 @@ class ZeroBiasPort(ManifoldHyperConnections):
 class PostMisplacedPort(ManifoldHyperConnections):
     """X' = H_post·(F(H_pre x) + H_res H_pre x): the residual mixes the pre-mixed read."""
 
-    def region_write(self, state, role, params, update):
+    def write(self, state, role, params, update):
         coef = state.coef
         h = torch.einsum("btsd,bts->btd", state.x, coef.a)
         x = coef.c.unsqueeze(-1) * (update.unsqueeze(-2) + coef.w.sum(-1).unsqueeze(-1) * h.unsqueeze(-2))
@@ -62,8 +63,8 @@ class RandomHomePort(StaticHyperConnections):
 class ReExpandedPort(DynamicHyperConnections):
     """Streams summed and re-expanded at every layer: n plain residuals, not n streams."""
 
-    def region_write(self, state, role, params, update):
-        out = super().region_write(state, role, params, update)
+    def write(self, state, role, params, update):
+        out = super().write(state, role, params, update)
         if out.coef is None:
             return out
         x = (out.x.sum(-2, keepdim=True) / self.n).expand_as(out.x)

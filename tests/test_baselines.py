@@ -82,8 +82,8 @@ def test_mhc_parameters_and_coefficients_stay_float32_in_a_bf16_decoder():
     assert model.lm_head.weight.dtype == torch.bfloat16
     e = torch.randn(B, T, D, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        state = r.init_state(e)
-        state = r.write(state, r.slots[0], torch.randn(B, T, D, dtype=torch.bfloat16))
+        state, first = r.init_state(e), r.slots[0]
+        state = r.write(state, r.role(first), r.params(state, first), torch.randn(B, T, D, dtype=torch.bfloat16))
     assert {t.dtype for t in state.coef} == {torch.float32} and state.x.dtype == torch.bfloat16
     assert model(torch.randint(0, 16, (2, 4))).dtype == torch.bfloat16
     # a cast keeps the float32 values themselves (no round trip through bfloat16)

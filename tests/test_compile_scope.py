@@ -16,7 +16,8 @@ from harness.sweep.options import SweepOptions
 from harness.sweep.unit import measure_unit
 from harness.timing.timer import TimingPolicy
 from routers import ROUTERS, build_router
-from routers.block_regions import capacity, masked_phase1_flops, padded_phase1
+from routers.block.phases import phase1
+from routers.block.plan import code_bias
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder, Regions, region_count
 
@@ -126,14 +127,14 @@ def test_the_padded_pool_keeps_each_source_in_a_storage_of_its_own():
     r = build_router("haares", 8, 4, n_blocks=2, impl="two_phase")
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        st = r.region_begin(r.region_init(torch.randn(2, 3, 8, generator=g)))
+        st = r.begin(r.init_state(torch.randn(2, 3, 8, generator=g), region=True))
         for slot in r.slots:
-            role, p = r.region_role(slot), r.region_params(st, slot)
-            st = r.region_write(st, role, p, torch.randn(2, 3, 8, generator=g))
+            role, p = r.role(slot), r.params(st, slot, region=True)
+            st = r.write(st, role, p, torch.randn(2, 3, 8, generator=g))
             valid = int(st.valid.sum())
             storages = {v.untyped_storage().data_ptr() for v in st.values}
             pads = {v.untyped_storage().data_ptr() for v, ok in zip(st.values, st.valid) if ok == 0}
-            assert len(st.values) == capacity(r) == 5
+            assert len(st.values) == r.plan.capacity == 5
             assert len(storages) == valid + (1 if pads else 0) and len(pads) <= 1
 
 
@@ -149,7 +150,7 @@ def test_masked_phase1_flops_are_what_the_padded_phase1_adds():
 
     for name, L in (("block_attnres", 6), ("haares", 4), ("wav_v1", 4)):
         r = build_router(name, 8, L, n_blocks=2 if name != "block_attnres" else 3, impl="two_phase")
-        K, n_cap, B, T = len(r.detail_kinds), capacity(r), 2, 3
+        K, n_cap, B, T = len(r.detail_kinds), r.plan.capacity, 2, 3
         src = [torch.randn(B, T, 8) for _ in range(n_cap)]
         inv = [torch.rand(B, T) for _ in range(n_cap)]
         extra = 0
@@ -157,10 +158,12 @@ def test_masked_phase1_flops_are_what_the_padded_phase1_adds():
             m, valid = sum(s.block == b for s in r.slots), 1 + (b - 1) * (1 + K)
             q, rows = torch.randn(m, 8), torch.randn(m, K) if K else None
             mask = torch.tensor([True] * valid + [False] * (n_cap - valid))
-            padded = flops(lambda: padded_phase1(r, tuple(src), tuple(inv), mask, q, rows))
-            compact = flops(lambda: padded_phase1(r, tuple(src[:valid]), tuple(inv[:valid]), mask[:valid], q, rows))
+            bias = {n: None if rows is None else code_bias(rows, r.plan_codes[r.plan.pool_codes[n]])
+                    for n in (valid, n_cap)}
+            padded = flops(lambda: phase1(q, bias[n_cap], tuple(src), tuple(inv), mask))
+            compact = flops(lambda: phase1(q, bias[valid], tuple(src[:valid]), tuple(inv[:valid]), mask[:valid]))
             extra += padded - compact
-        assert extra == masked_phase1_flops(r, B, T) > 0, name
+        assert extra == r.masked_phase1_flops(B, T) > 0, name
 
 
 def test_live_state_of_the_padded_layout_is_what_it_holds():

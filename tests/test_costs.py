@@ -103,8 +103,9 @@ def measured_peak_state(router, B, T, dtype):
     peak = state_bytes(state)
     with torch.no_grad():
         for slot in router.slots:
-            router.read(state, slot)
-            state = router.write(state, slot, torch.randn(shape, generator=g, dtype=dtype))
+            role, p = router.role(slot), router.params(state, slot)
+            router.read(state, role, p)
+            state = router.write(state, role, p, torch.randn(shape, generator=g, dtype=dtype))
             peak = max(peak, state_bytes(state))
     return peak
 
@@ -209,8 +210,8 @@ def test_prenorm_measured_traffic_is_three():
         assert router_bytes_moved(build_router("prenorm", 16, 3), 2, 5, dtype) == 3.0
     r, h = build_router("prenorm", 16, 3), torch.randn(2, 5, 16)
     assert measured_bytes(r.output, h)["total"] == 0                # h_out is h_2L itself
-    assert measured_bytes(r.read, h, r.slots[0])["total"] == 0
-    assert measured_bytes(r.write, h, r.slots[0], h)["n_ops"] == 1  # the add alone
+    assert measured_bytes(r.read, h, (), ())["total"] == 0
+    assert measured_bytes(r.write, h, (), (), h)["n_ops"] == 1     # the add alone
     # rezero: α_k·u (read α 1 element + u, write) + add (3): 5 + 1/(B·T·d) per token and sublayer
     assert router_bytes_moved(build_router("rezero", 16, 3), 2, 5) == 5 + 1 / (2 * 5 * 16)
     # layerscale: γ_k (d elements) ⊙ u + add: 5 + 1/(B·T)

@@ -143,11 +143,8 @@ def test_a_clean_step_has_no_finding():
 class _ListReadPreNorm(PreNorm):
     """PreNorm whose read gathers the batch rows with a Python list (the same rows)."""
 
-    def read(self, state, slot):
+    def read(self, state, role, params):
         return state[list(range(state.shape[0]))]  # PLANT:read
-
-    def region_read(self, state, role, params):
-        return self.read(state, None)
 
 
 def test_a_list_index_in_a_router_of_a_real_model_is_found_in_its_file():

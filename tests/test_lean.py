@@ -1,4 +1,4 @@
-"""The ``lean`` impl (routers/lean.py): its gradients equal naive's in float64, its Functions pass
+"""The ``lean`` impl (routers/block/lean.py): its gradients equal naive's in float64, its Functions pass
 gradcheck, they keep every tensor through ``ctx.save_for_backward``, its saved activations are
 the count its design states, and the recompute of its backward is a FLOP row of its own."""
 
@@ -14,8 +14,9 @@ from harness.costs.memory import model_tensors, saved_activation_bytes
 from harness.rundir.writer import MemoryWriter
 from harness.sweep.cases import Case
 from harness.sweep.counts import measure_recompute
-from routers import build_router, lean
-from routers.block_plan import coefficient_bits
+from routers import build_router, route
+from routers.block import lean
+from routers.block.plan import coefficient_bits
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
@@ -27,13 +28,14 @@ DETAILS = {"block_attnres": 0, "haares": 1, "wav_v1": 2}
 def _contract(router, e, weights):
     """The router contract with a nonlinear sublayer u = tanh(h W_k) per slot (as the parity check
     runs it): the reads, the output, and every sublayer output (retained for its gradient)."""
-    state, us = router.init_state(e), []
-    for slot, W in zip(router.slots, weights):
-        u = torch.tanh(router.read(state, slot) @ W)
+    us = []
+
+    def sublayer(slot, h):
+        u = torch.tanh(h @ weights[slot.index])
         u.retain_grad()
         us.append(u)
-        state = router.write(state, slot, u)
-    return router.output(state), us
+        return u
+    return route(router, e, sublayer)[1], us
 
 
 def _grads(name: str, impl: str, **opts) -> dict[str, torch.Tensor]:
@@ -79,7 +81,7 @@ def test_a_dropped_detail_bias_gradient_fails_the_equality(monkeypatch):
 
     def dropped(ctx, g):
         grads = list(real(ctx, g))
-        grads[8] = None if grads[8] is None else torch.zeros_like(grads[8])  # the bias (apply's 9th)
+        grads[9] = None if grads[9] is None else torch.zeros_like(grads[9])  # the bias (apply's 10th)
         return tuple(grads)
 
     monkeypatch.setattr(lean.Phase2, "_backward", staticmethod(dropped))
@@ -139,7 +141,7 @@ def test_gradcheck_of_phase_1(n, bias, masked):
     b = _rand(m, n, g=g) if bias else None
 
     def f(q, b, *vi):  # μ is a detached shift: what is a function of the inputs is lse = μ + log s
-        *o, mx, s = lean.Phase1.apply(n, n == 1, False, q, b, valid, *vi)
+        *o, mx, s = lean.Phase1.apply(n, n == 1, False, None, q, b, valid, *vi)
         return (*o, mx + torch.log(s))
     assert torch.autograd.gradcheck(f, (q, b, *values, *inv))
 
@@ -169,7 +171,7 @@ def test_gradcheck_of_phase_2_with_the_gain_as_a_constant(K, layer_form):
         kept, extra = updates, None
 
     def f(o, s, q, bias, P, *D):
-        return lean.Phase2.apply(0, K, 2, bits, o, mx, s, q, bias, c, extra, P, *D, *kept)
+        return lean.Phase2.apply(0, K, 2, bits, None, o, mx, s, q, bias, c, extra, P, *D, *kept)
     assert torch.autograd.gradcheck(f, (o, s, q, bias, P, *D))
 
 
@@ -226,7 +228,7 @@ def _saved(router: str, opts: dict, d: int, L: int, T: int, B: int) -> int:
 
 
 def design_per_token(K: int, L: int, N: int, d: int) -> int:
-    """Float32 elements per token lean keeps beyond prenorm, by routers/lean.py's design
+    """Float32 elements per token lean keeps beyond prenorm, by routers/block/lean.py's design
     statement (not by its code): 2L + K(N − 1) tensors of width d, plus statistics: the inverse
     RMS of e and of every completed source, the gain of every completed detail, per phase 1
     m(n + 2) for m queries over n sources (the readout: m = 1 over e and the N summaries), per

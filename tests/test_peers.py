@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from routers import build_router, impls
+from routers import build_router, impls, route
 from routers.errors import ConfigError
 from routers.mixer import depth_mix
 
@@ -137,11 +137,8 @@ def test_mixer_equals_depth_mix_forward_and_backward(name, dtype, n, gain):
 
 def drive(router, e, ups):
     """init_state, read / write per sublayer, output: every read and the output, stacked."""
-    state, reads = router.init_state(e), []
-    for slot in router.slots:
-        reads.append(router.read(state, slot))
-        state = router.write(state, slot, ups[slot.index])
-    return torch.stack(reads + [router.output(state)])
+    reads, h_out, _ = route(router, e, lambda slot, h: ups[slot.index])
+    return torch.stack(reads + [h_out])
 
 
 @pytest.mark.parametrize("layers,gain,bt", [(1, False, (1, 4)), (3, True, (1, 4)), (3, False, (2, 1)),

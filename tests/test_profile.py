@@ -10,7 +10,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import workloads.decoder
 from harness.cli import main
 from harness.rundir.records import load_rows, units
 from harness.rundir.writer import RunWriter
@@ -20,6 +19,7 @@ from harness.sweep.cases import Case
 from harness.sweep.profile import METHODS, check_methods, profile_case
 from harness.sweep.trace import lines_dropped, profile_labels
 from harness.timing.timer import TimingPolicy
+from routers import build_router
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
@@ -57,8 +57,10 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
     step_ms, router_ms = by.loc["step", "ms_per_step"], by.loc["router", "ms_per_step"]
     assert 0 < router_ms < step_ms
     assert 0 < by.loc["router", "share_pct"] < 100
-    assert by.loc["router.read", "calls"] == 2 * CFG.n_layers  # one read per sublayer and step
-    assert by.loc["router.read.backward", "calls"] == 2 * CFG.n_layers  # calls, not autograd nodes
+    assert by.loc["router.read", "calls"] == by.loc["router.params", "calls"] == 2 * CFG.n_layers  # per sublayer
+    # calls, not autograd nodes: the reads past a block start (one at a start returns phase 1's o_0)
+    n_blocks = build_router("haares", 32, CFG.n_layers).n_blocks
+    assert by.loc["router.read.backward", "calls"] == 2 * CFG.n_layers - n_blocks
     assert by.loc["router.read.backward", "ms_per_step"] > 0  # fwd_bwd: backward nodes attributed
     assert (run_dir / "router_share.png").stat().st_size > 0
 
@@ -67,7 +69,6 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
     assert rows.loc["router_share", "value"] == pytest.approx(by.loc["router", "share_pct"])
     assert rows.loc["profile_step_time", "unit"] == "ms" and set(rows.status) == {"ok"}
     assert rows.loc["router_share", "impl"] == "two_phase"
-    assert workloads.decoder.PROFILE_LABELS is False  # switched off again after the trace
 
     # the same command again: the profile is complete, nothing is profiled or recorded twice
     again = invoke("profile", "--config", run_dir / "spec.toml", "--out", tmp_path, "--run-id", "t")
@@ -76,13 +77,16 @@ def test_profile_cli_writes_a_trace_with_router_labels_and_a_share_table(tmp_pat
 
 
 def test_calls_count_calls_of_the_labelled_region_forward_and_backward(tmp_path, capfd):
-    """L layers: 2L reads and 2L writes per step, each with its backward; the count is per step over
+    """L layers: 2L reads and 2L writes per step, with the backward of each read past a block start
+    (the read at a start returns phase 1's o_0, an op of its params); the count is per step over
     the active steps, never the autograd nodes of a call (once 193 for router.read.backward)."""
     cfg = CFG.replace(n_layers=3)
     case = Case("haares", cfg, "fwd_bwd", "eager", impl="two_phase")
     t = profile_case(case, torch.device("cpu"), tmp_path, wait=0, warmup=1, active=2)["table"]
     calls = t.set_index("label")["calls"]
-    assert calls["router.read"] == calls["router.read.backward"] == 2 * cfg.n_layers
+    n_blocks = build_router("haares", 32, cfg.n_layers).n_blocks
+    assert calls["router.read"] == calls["router.params"] == 2 * cfg.n_layers
+    assert calls["router.read.backward"] == 2 * cfg.n_layers - n_blocks
     assert calls["router.write"] == 2 * cfg.n_layers
     assert calls["sublayer.attn"] == calls["sublayer.attn.backward"] == cfg.n_layers
     assert calls["router.init"] == calls["router.output"] == calls["router.output.backward"] == 1
@@ -129,15 +133,16 @@ def test_paired_difference_and_router_only_methods(tmp_path):
 
 
 def test_labels_are_off_by_default_and_change_nothing():
-    assert workloads.decoder.PROFILE_LABELS is False
     torch.manual_seed(0)
     model = Decoder(CFG, "haares")
+    assert model.profile_labels is False
     x = torch.randint(0, CFG.vocab_size, (CFG.batch_size, CFG.seq_len))
     ref = model(x)
-    with profile_labels(True):
-        assert workloads.decoder.PROFILE_LABELS is True
+    with profile_labels(model, True), torch.profiler.profile() as prof:
+        assert model.profile_labels is True
         got = model(x)
-    assert workloads.decoder.PROFILE_LABELS is False
+    assert model.profile_labels is False
+    assert {"router.init", "router.read", "router.write", "router.output"} <= {e.name for e in prof.events()}
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
@@ -147,7 +152,7 @@ def test_labels_keep_compile_fullgraph_without_graph_breaks():
     eager = Decoder(CFG, "haares").train()
     x = torch.randint(0, CFG.vocab_size, (CFG.batch_size, CFG.seq_len))
     y = torch.roll(x, -1, dims=1)
-    with profile_labels(True):
+    with profile_labels(eager, True):
         compiled = backends.prepare(eager, "compile", "default").model
         loss = lm_loss(compiled(x), y)
         loss.backward()

@@ -150,7 +150,8 @@ def test_a_failing_write_never_stops_the_run_and_no_dir_writes_nothing(tmp_path)
 
 def test_describe_says_the_stage_its_age_and_whether_its_writer_runs():
     doc = {"pid": 41, "tick_s": 10, "finished": None, "updated_t": 1000.0,
-           "latest": {"t": 988.0, "stage": "compile", "text": "compiling model 3 of 14", "case": "haares|{}|x"}}
+           "latest": {"t": 988.0, "stage": "compile", "text": "compiling model 3 of 14", "case": "haares|{}|x",
+                      "router": "haares"}}
     line = describe(doc, {"pid": 41}, now=1000.0)
     assert line == "compiling model 3 of 14 (haares|…), 12 s ago (pid 41 running)"
     assert "no update for" in describe(doc, {"pid": 41}, now=1100.0)

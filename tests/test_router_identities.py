@@ -73,8 +73,9 @@ def test_embedding_never_in_a_block_and_each_block_enters_once(name, per_block):
     fast = build_router(name, D, L, n_blocks=N, impl="two_phase",
                         **({"readout_details": True} if name != "block_attnres" else {})).double()
     _, st = run(fast, e, ups)
-    assert len(st.values) == 1 + N * per_block and st.values[0] is e
-    torch.testing.assert_close(st.values[1], sum(ups[0:4]))
+    assert len(st.values) == 1 + N * per_block and st.values[-1] is e   # newest first, e last
+    for b in range(N):
+        torch.testing.assert_close(st.values[(N - 1 - b) * per_block], sum(ups[4 * b: 4 * b + 4]))
 
 
 def test_online_bases_equal_recomputed_from_stored_updates():

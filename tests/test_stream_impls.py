@@ -1,5 +1,5 @@
 """Implementations of the stream routers (routers/impls.py family ``stream``,
-routers/stream_impls.py): the registry's families and plug-in points, the peers (lucidrains'
+routers/stream.py): the registry's families and plug-in points, the peers (lucidrains'
 ``hyper-connections`` for shc / dhc, Liger's mHC ops for mhc) checked against naive before they
 are timed, a planted wrong mHC peer that the sweep records as ``parity failed`` and never times,
 and the conventions a peer declares carried into its cases and its parity check."""
@@ -18,7 +18,7 @@ from harness.sweep.unit import measure_unit
 from harness.timing.timer import TimingPolicy
 from routers import build_router, impls
 from routers.errors import ConfigError
-from routers.hyper import Coefficients
+from routers.stream import Coefficients
 from workloads.config import DecoderConfig
 
 TINY = DecoderConfig(d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)

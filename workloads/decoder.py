@@ -24,15 +24,10 @@ from .config import DecoderConfig
 
 NORM_EPS = 1e-6
 
-#: Wrap router and sublayer calls of :meth:`Decoder.forward` in ``torch.profiler.record_function``
-#: labels (``router.init/read/write/output``, ``sublayer.attn/mlp``). Off by default, switched on
-#: by ``harness.sweep.profile`` while it traces an eager step: with no profiler running a label still
-#: costs a few µs of dispatch, 6·L+2 of them per forward, which moves a small CPU step.
-PROFILE_LABELS = False
 
-
-def _label(name: str):
-    return torch.profiler.record_function(name) if PROFILE_LABELS else contextlib.nullcontext()
+def _label(name: str, on: bool):
+    """A ``torch.profiler.record_function`` label where ``on`` (:attr:`Decoder.profile_labels`)."""
+    return torch.profiler.record_function(name) if on else contextlib.nullcontext()
 
 
 def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
@@ -181,8 +176,13 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         self._init_weights(None if init_seed is None else torch.Generator().manual_seed(init_seed))
         self.to(cfg.torch_dtype)
-        #: the layer compile scope's regions (:class:`Regions`), or None: the plain forward
+        #: the layer compile scope's regions (:class:`Regions`), or None: the functions run as they are
         self.regions: Regions | None = None
+        #: wrap the router's and sublayers' calls of an eager forward in ``record_function`` labels
+        #: (``router.init/params/read/write/output``, ``sublayer.attn/mlp``); off by default, switched on by
+        #: ``harness.sweep.trace`` while it traces an eager step: with no profiler running a label
+        #: still costs a few µs of dispatch, 6·L+2 of them per forward, which moves a small CPU step
+        self.profile_labels = False
 
     def _init_weights(self, generator: torch.Generator | None = None) -> None:
         # GPT-2 init; the output projections are scaled by 1/sqrt(2L) so the residual stream's
@@ -204,37 +204,29 @@ class Decoder(nn.Module):
     def forward(self, idx: Tensor, pos: Tensor | None = None) -> Tensor:
         """Token ids (B, T) → logits (B, T, V). ``pos`` (T,) int64 decodes the T tokens at those
         positions against the KV cache (:meth:`setup_kv_cache`, filled by a forward without
-        ``pos``); the router mixes depth per token, so it needs no cache of its own. With
-        :attr:`regions` set (the layer compile scope), the same computation runs region by region
-        (:class:`Regions`)."""
-        if self.regions is not None:
-            return self._forward_regions(idx, pos)
-        r = self.router
-        e = self.embed(idx)
-        with _label("router.init"):
-            state = r.init_state(e)
-        ckpt = self.cfg.grad_checkpoint and self.training and torch.is_grad_enabled()
-        for slot, f in zip(r.slots, self.sublayers):
-            with _label("router.read"):
-                h = r.read(state, slot)
-            with _label(f"sublayer.{slot.kind}"):
-                u = checkpoint(f, h, use_reentrant=False) if ckpt else f(h, pos)
-            with _label("router.write"):
-                state = r.write(state, slot, u)
-        with _label("router.output"):
-            h_out = r.output(state)
-        return self.lm_head(self.norm(h_out))
+        ``pos``); the router mixes depth per token, so it needs no cache of its own.
 
-    def _forward_regions(self, idx: Tensor, pos: Tensor | None) -> Tensor:
+        One loop whatever the backend and scope (the router contract, ``routers/base.py``): the
+        embedding and the router's state, then per slot its read, sublayer and write, then the
+        readout and the head. With :attr:`regions` set (the layer compile scope) each of those
+        steps is a compiled region (:class:`Regions`) and the router's state is laid out for a
+        fixed length; otherwise the same functions run as they are."""
         r, reg = self.router, self.regions
+        region = reg is not None
+        labels = self.profile_labels and not region
         ckpt = self.cfg.grad_checkpoint and self.training and torch.is_grad_enabled()
-        # the state crosses every region boundary packed (Router.region_pack: no NamedTuple)
-        state = r.region_pack(r.region_begin(r.region_unpack(reg.init(r, self.embed, idx))))
+        state = (reg.init if region else init_region)(r, self.embed, idx, region, labels)
+        if region:  # the state crosses every region boundary packed (Router.pack: no NamedTuple)
+            r.check_region_form()
+            state = r.pack(r.begin(r.unpack(state)))
         for slot, f in zip(r.slots, self.sublayers):
             role = region_key(r, slot)
-            params = r.region_params(r.region_unpack(state), slot)
-            state = reg.sublayer(role)(role, r, f, state, params, pos, ckpt)
-        return reg.head(r, self.norm, self.lm_head, state, r.region_output_params())
+            with _label("router.params", labels):
+                params = r.params(r.unpack(state), slot, region)
+            step = reg.sublayer(role) if region else sublayer_region
+            state = step(role, r, f, state, params, pos, ckpt, labels)
+        return (reg.head if region else head_region)(r, self.norm, self.lm_head, state,
+                                                     r.output_params(region), labels)
 
     @contextlib.contextmanager
     def without_regions(self):
@@ -249,28 +241,36 @@ class Decoder(nn.Module):
 # --- regions: the layer compile scope (DESIGN.md, "Backends and modes") ------------------------
 
 def region_key(router: Router, slot) -> tuple:
-    """The role of ``slot``'s region: its sublayer kind and :meth:`Router.region_role`."""
-    return (slot.kind, *router.region_role(slot))
+    """The role of ``slot``'s region: its sublayer kind and :meth:`Router.role`."""
+    return (slot.kind, *router.role(slot))
 
 
-def init_region(router: Router, embed: nn.Embedding, idx: Tensor):
-    """Region 1: the embedding and the router's region state (packed)."""
-    return router.region_pack(router.region_init(embed(idx)))
+def init_region(router: Router, embed: nn.Embedding, idx: Tensor, region: bool, labels: bool):
+    """Region 1: the embedding and the router's state (packed)."""
+    e = embed(idx)
+    with _label("router.init", labels):
+        return router.pack(router.init_state(e, region))
 
 
 def sublayer_region(role: tuple, router: Router, f: nn.Module, state, params: tuple, pos: Tensor | None,
-                    ckpt: bool):
+                    ckpt: bool, labels: bool):
     """One region per role: the router's read, the sublayer, the router's write (the state in
-    and out packed, :meth:`Router.region_pack`)."""
-    state = router.region_unpack(state)
-    h = router.region_read(state, role[1:], params)
-    u = checkpoint(f, h, use_reentrant=False) if ckpt else f(h, pos)
-    return router.region_pack(router.region_write(state, role[1:], params, u))
+    and out packed, :meth:`Router.pack`)."""
+    state = router.unpack(state)
+    with _label("router.read", labels):
+        h = router.read(state, role[1:], params)
+    with _label(f"sublayer.{role[0]}", labels):
+        u = checkpoint(f, h, use_reentrant=False) if ckpt else f(h, pos)
+    with _label("router.write", labels):
+        return router.pack(router.write(state, role[1:], params, u))
 
 
-def head_region(router: Router, norm: nn.Module, lm_head: nn.Module, state, params: tuple) -> Tensor:
+def head_region(router: Router, norm: nn.Module, lm_head: nn.Module, state, params: tuple,
+                labels: bool) -> Tensor:
     """The last region: the router's readout, the final RMSNorm and the LM head."""
-    return lm_head(norm(router.region_output(router.region_unpack(state), params)))
+    with _label("router.output", labels):
+        h_out = router.output(router.unpack(state), params)
+    return lm_head(norm(h_out))
 
 
 def _own_code(fn: Callable, name: str) -> Callable:

@@ -298,7 +298,3 @@ def _comparable(text: str) -> dict[str, Any]:
         else:
             flat[part] = table
     return flat
-
-
-def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))

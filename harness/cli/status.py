@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -10,8 +9,9 @@ import click
 
 from harness.rundir.progress import describe, read_progress
 from harness.rundir.records import (ABORTED_DIR, PENDING_DIR, RECORDS_FILE, SPEC_FILE, aborted_summary,
-                                    completed_cases, end_of_last_unit, load_rows, lock_holder, read_jsonl,
-                                    units)
+                                    completed_cases, end_of_last_unit, iter_units, load_rows, lock_holder,
+                                    read_jsonl)
+from harness.training.config import TRAIN_MODES
 from routers.errors import ConfigError
 
 from . import SHORT_HELP
@@ -59,13 +59,15 @@ def status_cmd(run_dir) -> None:
         except tomllib.TOMLDecodeError:
             command = None
     done = completed_cases(d)
+    results = load_rows([d])
     keys, n_train = expected_keys(command, spec_path) if command in SPECS else (None, 0)
     click.echo(f"run dir:   {d}")
     click.echo(f"command:   {command or 'unknown (no readable spec.toml)'}")
     statuses = Counter(done.values())
     if keys is not None:
         cost_done = sum(1 for k in keys if k in done)
-        train_done = sum(1 for k in done if k.startswith(("train|", "pilot|", "study|")))
+        trained = {r["case_key"] for r in results if r.get("mode") in TRAIN_MODES}
+        train_done = sum(1 for k in done if k in trained)
         total, n_done = len(keys) + n_train, cost_done + min(train_done, n_train)
         click.echo(f"cases:     {n_done} of {total} done, {total - n_done} left"
                    + (f" ({len(keys)} cost cases, {n_train} training runs)" if n_train else ""))
@@ -73,17 +75,18 @@ def status_cmd(run_dir) -> None:
         total, n_done = None, len(done)
         click.echo(f"cases:     {n_done} done (the spec cannot be resolved on this machine to count the rest)")
     click.echo("statuses:  " + (", ".join(f"{s} {n}" for s, n in sorted(statuses.items())) or "none yet"))
-    steps: dict[str, int] = {}
-    for m in units(d):  # training runs with evaluations committed but no verdict yet
+    # training runs with evaluations committed but no verdict yet: key -> (step, its rows' columns)
+    steps: dict[str, tuple[int, dict]] = {}
+    for m, unit_rows in iter_units(d / RECORDS_FILE):
         seg = m.get("segment")
         if seg and seg["case"] not in done:
-            steps[seg["case"]] = seg["step"]
-    for key, step in steps.items():
-        mode, router, *_ = key.split("|")
-        seed = key.split("|")[-2]
-        depth = re.search(r"n_layers=(\d+)", key)
-        at = f" L{depth.group(1)}" if depth and mode == "study" else ""
-        click.echo(f"training:  {mode}{at} {router} seed {seed} at step {step}: resumes from its checkpoint")
+            cols = next((r for r in unit_rows if r.get("case_key") == seg["case"]), {})
+            steps[seg["case"]] = (seg["step"], cols)
+    for step, cols in steps.values():
+        mode = cols.get("mode")
+        at = f" L{cols.get('n_layers')}" if mode == "study" else ""
+        click.echo(f"training:  {mode}{at} {cols.get('router')} seed {cols.get('seed')} at step {step}: "
+                   "resumes from its checkpoint")
     ab = aborted_summary(d)
     click.echo(f"aborted:   {ab['units']} unit(s), {ab['rows']} row(s) in {d / ABORTED_DIR}")
     index = read_jsonl(d / ABORTED_DIR / "index.jsonl")
@@ -108,7 +111,7 @@ def status_cmd(run_dir) -> None:
         if torn > 0:
             click.echo(f"torn tail: {torn} bytes after the last end marker of {RECORDS_FILE} (a commit cut "
                        f"short), never read as results; moved to {ABORTED_DIR}/ when the run resumes")
-    failures = [r for r in load_rows([d]) if r.get("status") in ("oom", "error")]
+    failures = [r for r in results if r.get("status") in ("oom", "error")]
     if failures:
         click.echo(f"failures:  {len(failures)} row(s)")
         for r in failures[:20]:

@@ -76,9 +76,9 @@ def lost_line(run_dir: Path, restarts: int, prog: str = "routerbench") -> str:
     child, counts only what that child measured)."""
     from harness.rundir.records import load_rows
     from harness.step.device_errors import LOST_MARK
-    lost = sorted({r["case_key"] for r in load_rows([run_dir])
-                   if r.get("status") == "error" and LOST_MARK in str(r.get("error") or "")})
-    names = ", ".join(k.split("|")[0] for k in lost[:4]) + (", …" if len(lost) > 4 else "")
+    lost = {r["case_key"]: r["router"] for r in load_rows([run_dir])
+            if r.get("status") == "error" and LOST_MARK in str(r.get("error") or "")}
+    names = ", ".join(lost[k] for k in sorted(lost)[:4]) + (", …" if len(lost) > 4 else "")
     return (f"supervisor: the run finished after {restarts} restart{'s' * (restarts != 1)} in a new process; "
             f"{len(lost)} case{'s' * (len(lost) != 1)} lost to a sticky device error "
             f"{'are error rows' if len(lost) != 1 else 'is an error row'} ({names}): {prog} status "

@@ -311,7 +311,7 @@ def _counted_forward(model: nn.Module, inputs: tuple, backward: bool) -> tuple[d
 
 def recompute_counter() -> FlopCounterMode:
     """A FlopCounterMode with this project's formulas, to nest inside :func:`count_flops_dispatch`
-    around part of a computation (``routers.lean.RECOMPUTE_COUNTER``): an op inside both counts
+    around part of a computation (a block router's ``recompute_scope``): an op inside both counts
     in both (modes stack)."""
     return FlopCounterMode(display=False, custom_mapping=FORMULAS)
 

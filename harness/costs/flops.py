@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from routers import route
+
 with warnings.catch_warnings():  # fvcore's import calls torch.jit.script (deprecated since 2.11)
     warnings.simplefilter("ignore", DeprecationWarning)
     from fvcore.nn import FlopCountAnalysis
@@ -289,12 +291,10 @@ class _RouterProbe(nn.Module):
         self.router = router
 
     def forward(self, e: Tensor, *updates: Tensor) -> tuple[Tensor, ...]:
-        r = self.router
-        state, reads = r.init_state(e), []
-        for slot, u in zip(r.slots, updates, strict=True):
-            reads.append(r.read(state, slot))
-            state = r.write(state, slot, u)
-        return (*reads, r.output(state))
+        if len(updates) != len(self.router.slots):
+            raise ValueError(f"{len(updates)} updates for {len(self.router.slots)} sublayers")
+        reads, h_out, _ = route(self.router, e, lambda slot, h: updates[slot.index])
+        return (*reads, h_out)
 
 
 def count_router_fma(router: nn.Module, batch_size: int, seq_len: int,

@@ -32,6 +32,8 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from routers import route
+
 aten = torch.ops.aten
 
 #: metadata-only ops without an alias annotation in their schema, and pure allocations: 0 bytes.
@@ -130,9 +132,9 @@ def router_bytes_moved(router: torch.nn.Module, batch_size: int, seq_len: int,
                        dtype: torch.dtype = torch.float32, seed: int = 0) -> float:
     """Measured residual-router traffic per token and per sublayer, in units of d elements.
 
-    Drives a copy of ``router`` (cast to ``dtype``) alone under ``torch.no_grad()``:
-    ``init_state(e)``, then ``read``/``write`` for every slot with random updates, then
-    ``output``; e and the updates are drawn outside the measured region. The bytes of
+    Drives a copy of ``router`` (cast to ``dtype``) alone under ``torch.no_grad()``, through the
+    contract's loop (:func:`routers.base.route`) with random updates; e and the updates are
+    drawn outside the measured region. The bytes of
     :func:`measured_bytes` are divided by B·T tokens, 2L sublayers and d·itemsize(``dtype``), so
     the figure compares with :meth:`routers.Router.ideal_io_per_token` (float32 statistics of a
     bfloat16 router still count their real bytes).
@@ -155,11 +157,7 @@ def router_bytes_moved(router: torch.nn.Module, batch_size: int, seq_len: int,
     updates = [torch.randn(shape, generator=g).to(dtype) for _ in r.slots]
 
     def forward() -> Tensor:
-        state = r.init_state(e)
-        for slot in r.slots:
-            r.read(state, slot)
-            state = r.write(state, slot, updates[slot.index])
-        return r.output(state)
+        return route(r, e, lambda slot, h: updates[slot.index])[1]
 
     with torch.no_grad():
         moved = measured_bytes(forward)["total"]

@@ -45,11 +45,6 @@ def device_slug(device: torch.device | str) -> str:
     return f"{device.type}-{slugify(device_name(device))}"[:80]
 
 
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def git_sha(cwd: Path | None = None) -> str | None:
     """The HEAD commit of the checkout holding this package (with ``-dirty``), or None."""
     cwd = cwd or Path(__file__).resolve().parent.parent

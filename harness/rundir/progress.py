@@ -23,15 +23,17 @@ An event: ``t`` (unix seconds, to the millisecond), ``time`` (ISO 8601 UTC), ``s
 name: ``sweep``, ``unit``, ``case``, ``parity``, ``build``, ``count``, ``saved_activation``,
 ``compile``, ``capture``, ``peak_memory``, ``warmup``, ``device_busy``, ``prepared``, ``timing``, ``unit_done``,
 ``tick``, and the final ``done`` or ``interrupted``), ``text`` (a sentence for a person:
-``compiling model 3 of 14 (haares two_phase)``), and where known ``case`` (the case key), ``k``
-and ``n`` (the k-th of n: a model of its group, a group of the sweep), ``weight`` (a heartbeat's:
-how many cases' time the next phase may take), and every other field its caller gave (JSON-able).
+``compiling model 3 of 14 (haares two_phase)``), and where known ``case`` (the case key) with
+``router`` (its router), ``k`` and ``n`` (the k-th of n: a model of its group, a group of the
+sweep), ``weight`` (a heartbeat's: how many cases' time the next phase may take), and every other
+field its caller gave (JSON-able).
 
 A **tick** (stage ``tick``) is added by a daemon thread whenever no event came for ``tick_s``
 seconds (10 by default): its ``text`` says what is still running and for how long (``still
 compiling model 3 of 14 (haares two_phase), 85 s``), ``of`` names that stage, ``since`` its ``t``
-and ``elapsed`` the seconds since, and it repeats ``case``, ``k`` and ``n``. So while one blocking
-call runs (a compile of minutes, a long FLOP count) the file is still rewritten every ``tick_s``.
+and ``elapsed`` the seconds since, and it repeats ``case``, ``router``, ``k`` and ``n``. So while
+one blocking call runs (a compile of minutes, a long FLOP count) the file is still rewritten every
+``tick_s``.
 
 Atomic rewrite: every write goes to a temporary file in the same directory (``.progress.json.<pid>
 .tmp``), is fsync-ed and renamed over ``progress.json`` (``os.replace``), so a reader sees the
@@ -114,12 +116,13 @@ class Progress:
         self._thread: threading.Thread | None = None
 
     # --- events ------------------------------------------------------------------------------
-    def event(self, stage: str, text: str | None = None, *, case: str | None = None, k: int | None = None,
-              n: int | None = None, **extra: Any) -> dict[str, Any]:
+    def event(self, stage: str, text: str | None = None, *, case: str | None = None, router: str | None = None,
+              k: int | None = None, n: int | None = None, **extra: Any) -> dict[str, Any]:
         """Add one event and rewrite the file; returns the event (module doc: its fields)."""
         t = round(time.time(), 3)
         ev: dict[str, Any] = {"t": t, "time": _iso(t), "stage": stage, "text": text or stage}
-        ev.update({name: v for name, v in (("case", case), ("k", k), ("n", n)) if v is not None})
+        ev.update({name: v for name, v in (("case", case), ("router", router), ("k", k), ("n", n))
+                   if v is not None})
         ev.update({name: _finite(v) for name, v in extra.items() if name not in ("t", "time", "stage")})
         with self._lock:
             self.events.append(ev)
@@ -140,7 +143,7 @@ class Progress:
 
     def beat(self, stage: str, weight: int = 1, **info: Any) -> None:
         """A :data:`harness.sweep.prepare.Heartbeat`: the event ``stage`` with ``weight`` and
-        ``info`` (``text``, ``case``, ``k``, ``n``, anything JSON-able)."""
+        ``info`` (``text``, ``case``, ``router``, ``k``, ``n``, anything JSON-able)."""
         self.event(stage, weight=weight, **info)
 
     def tick(self) -> dict[str, Any]:
@@ -151,7 +154,7 @@ class Progress:
             return self.event("tick", "still starting")
         elapsed = time.time() - latest["t"]
         what = latest["text"] if _gerund(latest["text"]) else f"at {latest['stage']}: {latest['text']}"
-        info = {f: latest[f] for f in ("case", "k", "n") if f in latest}
+        info = {f: latest[f] for f in ("case", "router", "k", "n") if f in latest}
         return self.event("tick", f"still {what}, {elapsed:.0f} s", of=latest["stage"], since=latest["t"],
                           elapsed=round(elapsed, 1), **info)
 
@@ -273,9 +276,9 @@ def describe(doc: dict[str, Any], holder: dict[str, Any] | None, now: float | No
     now = time.time() if now is None else now
     latest = doc.get("latest") or {}
     text = latest.get("text") or latest.get("stage") or "no event yet"
-    case = latest.get("case")
-    if case and str(case.split("|")[0]) not in text:
-        text += f" ({case.split('|')[0]}|…)"
+    router = latest.get("router")
+    if router and str(router) not in text:
+        text += f" ({router}|…)"
     try:
         ago = f", {age_text(now - float(latest['t']))} ago" if "t" in latest else ""
     except (TypeError, ValueError):

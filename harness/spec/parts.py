@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
-from routers import ROUTERS, check_router_options, router_class, router_options
+from routers import ROUTERS, check_router_options, router_class
 from routers.errors import ConfigError
 from workloads.config import DTYPES, GRIDS, PRESETS, WORKLOADS, DecoderConfig, preset
 
@@ -215,15 +215,6 @@ def check_router_set(rs: RouterSet, selected: tuple[str, ...], depths: Iterable[
                               f"{','.join(impls)}; drop one of them")
         for n_layers in sorted(set(depths)):
             check_router_options(name, opts, width, n_layers, label)
-
-
-def router_impl_options(name: str, options: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """``(impl named in the options or None, the other options)`` of one router."""
-    options = dict(options)
-    impl = options.pop("impl", None)
-    if "impl" not in router_options(name):
-        impl = None
-    return impl, options
 
 
 def impl_names() -> tuple[str, ...]:

@@ -54,11 +54,17 @@ class Case:
         return dict(self.router_options)
 
     @property
+    def options_json(self) -> str:
+        """The router options as canonical JSON (sorted keys): their field of :attr:`key`, and
+        what tells two cases' options apart wherever the options are part of an identity."""
+        return json.dumps(self.options, sort_keys=True)
+
+    @property
     def key(self) -> str:
         """Stable identity of the case inside a run (used to resume)."""
         c = self.cfg
         return "|".join(str(x) for x in (
-            self.router, json.dumps(self.options, sort_keys=True), self.impl, self.backend,
+            self.router, self.options_json, self.impl, self.backend,
             self.compile_mode, self.compile_scope, self.mode, c.workload, c.vocab_size, c.d_model,
             c.n_layers, c.n_heads, c.mlp, c.seq_len, c.batch_size, c.dtype, c.grad_checkpoint, self.seed))
 
@@ -108,7 +114,7 @@ def impl_variants(router: str, chosen: list[str], opts: dict[str, Any]) -> list[
     builtins = [i for i in chosen if impls.get(i, router).builtin]
     for i in chosen:
         spec = impls.get(i, router)
-        o = impls.case_options(spec, router, opts)
+        o = impls.case_options(spec, router, opts, router_options(router))
         out += [(i, o)] if o == opts else [(b, o) for b in builtins] + [(i, o)]
     seen: set = set()
     return [(i, o) for i, o in out if not ((i, tuple(sorted(o.items()))) in seen

@@ -99,20 +99,20 @@ def measure_flops(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter)
 
 
 def measure_recompute(case: Case, model: Decoder, x: torch.Tensor, w: StagingWriter) -> None:
-    """The FLOP a ``lean`` backward spends recomputing forward quantities (``routers/lean.py``:
+    """The FLOP a ``lean`` backward spends recomputing forward quantities (``routers/block/lean.py``:
     keys, logits, softmax weights, the partial sums it rebuilds), counted on the case's own model
-    by the dispatch counter inside the Functions' :func:`routers.lean.recomputing` scopes.
+    by the dispatch counter inside the Functions' :func:`routers.block.lean.recomputing` scopes
+    (the router's ``recompute_scope``, set for the count and cleared after it).
 
     Row: ``recompute_flops_dispatch`` (FLOP, per step; part of ``bwd_flops_dispatch`` of this
     model, whose other FLOP rows are its naive twin's). A count that fails is an ``error`` row.
     """
-    from routers import lean
     modes: list = []
 
     def counter():
         modes.append(recompute_counter())
         return modes[-1]
-    lean.RECOMPUTE_COUNTER = counter
+    model.router.recompute_scope = counter
     try:
         count_flops_dispatch(model, (x,), backward=True, strict=False)
         value = sum(m.get_total_flops() for m in modes)
@@ -121,7 +121,7 @@ def measure_recompute(case: Case, model: Decoder, x: torch.Tensor, w: StagingWri
                 error=f"not counted: {type(exc).__name__}: {exc}")
         return
     finally:
-        lean.RECOMPUTE_COUNTER = None
+        model.router.recompute_scope = None
     w.write(**case.columns(), metric="recompute_flops_dispatch", value=value, unit="FLOP")
 
 

@@ -125,7 +125,7 @@ def run_isolated(todo: list[tuple[Case, bool]], device: torch.device, run: RunWr
         record_lost(run, case, failure)
         rest = [(c, first) for c, first in todo if c.key != case.key]
         if rest:
-            beat("retry", 1, text=f"a sticky device error in {case.key.split('|')[0]} (under --isolate): "
+            beat("retry", 1, text=f"a sticky device error in {case.router} (under --isolate): "
                  f"its group's other {len(rest)} case(s) in a new child")
         return {case.key: "error", **(run_isolated(rest, device, run, opts, heartbeat) if rest else {})}
     u.abandon(f"{failure} (under --isolate, {len(todo)} case(s))")

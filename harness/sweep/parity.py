@@ -42,7 +42,7 @@ from typing import Iterator
 import torch
 
 from harness.rundir.writer import StagingWriter
-from routers import build_router, impls
+from routers import build_router, impls, route
 
 from .cases import Case
 
@@ -160,11 +160,7 @@ def _run(router, e: torch.Tensor, weights: list[torch.Tensor], probe: torch.Tens
     params = {n: p for n, p in router.named_parameters()}
     for p in params.values():
         p.grad = None
-    state = router.init_state(e)
-    for slot in router.slots:
-        h = router.read(state, slot)
-        state = router.write(state, slot, torch.tanh(h @ weights[slot.index]))
-    out = router.output(state)
+    _, out, _ = route(router, e, lambda slot, h: torch.tanh(h @ weights[slot.index]))
     got = {"output": out.detach().clone(), "inputs changed": torch.tensor(not torch.equal(e.detach(), before))}
     if backward:
         (out.float() * probe).sum().backward()
@@ -288,7 +284,7 @@ def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | No
     # The router mixes over depth per token: one sequence of at most PARITY_TOKENS tokens has every
     # source count, width and dtype of the case at a fraction of its memory (naive runs in float64).
     tokens = min(cfg.seq_len, PARITY_TOKENS)
-    key = (case.router, case.key.split("|")[1], case.impl, cfg.d_model, cfg.n_layers, tokens,
+    key = (case.router, case.options_json, case.impl, cfg.d_model, cfg.n_layers, tokens,
            cfg.dtype, str(device), backward)
     if key not in _PARITY:
         _PARITY[key] = router_parity(case.router, case.options, case.impl, cfg.d_model, cfg.n_layers,

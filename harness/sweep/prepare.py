@@ -33,6 +33,7 @@ from harness.step.guard import capture_findings
 from harness.step.modes import make_optimizer, make_step, prefill_for_decode
 from harness.timing.gpu import device_busy_share
 from harness.timing.timer import warm_up
+from routers import impls
 from workloads.batches import synthetic_batch
 from workloads.decoder import Decoder, parameter_counts
 
@@ -50,11 +51,11 @@ class Heartbeat(Protocol):
     ``stage`` is a short name (``case``, ``parity``, ``build``, ``count``, ``saved_activation``,
     ``compile``, ``capture``, ``peak_memory``, ``warmup``, ``device_busy``, ``prepared``, ``timing``), ``weight``
     how many cases' time the next phase may take, and ``info`` JSON-able fields: ``text`` (a
-    sentence for a person), ``case`` (the case key), ``k`` and ``n`` (model k of the group's n),
-    and any other. :func:`harness.sweep.run.run_sweep` records each beat as a progress event
-    (:class:`harness.rundir.progress.Progress`); under ``--isolate`` the child sends them to the
-    parent, which also takes ``weight`` × ``--case-timeout`` as the deadline of the next beat
-    (:mod:`harness.sweep.isolate`).
+    sentence for a person), ``case`` (the case key) with ``router`` (its router), ``k`` and ``n``
+    (model k of the group's n), and any other. :func:`harness.sweep.run.run_sweep` records each
+    beat as a progress event (:class:`harness.rundir.progress.Progress`); under ``--isolate`` the
+    child sends them to the parent, which also takes ``weight`` × ``--case-timeout`` as the
+    deadline of the next beat (:mod:`harness.sweep.isolate`).
     """
 
     def __call__(self, stage: str, weight: int = 1, **info: Any) -> None: ...
@@ -81,13 +82,12 @@ def build_model(case: Case, device: torch.device) -> Decoder:
 
 def flops_key(case: Case) -> tuple:
     """FLOPs are a property of router, options, impl and shape: counted once per key."""
-    return (case.router, case.key.split("|")[1], case.impl, case.cfg)
+    return (case.router, case.options_json, case.impl, case.cfg)
 
 
 def impl_unavailable(case: Case, device: torch.device) -> str | None:
     """Why the case's implementation cannot run here (a peer kernel's package, device, dtype or
     mode; ``routers/impls.py``), or None."""
-    from routers import impls
     if impls.family_of(case.router) is None or impls.get(case.impl, case.router).builtin:
         return None
     if case.compile_scope == "layer":
@@ -106,7 +106,6 @@ def naive_twin(case: Case, model: Decoder) -> Decoder:
     the naive impl and the same weights: fvcore and the traffic model see a peer's Triton
     launches, custom ops or a custom Function as one opaque call, while the maths, and so the
     FLOPs, are naive's."""
-    from routers import impls
     if "impl" not in case.router_kwargs() or not impls.get(case.impl, case.router).opaque:
         return model
     twin = Decoder(case.cfg, case.router, {**case.router_kwargs(), "impl": "naive"})
@@ -145,11 +144,13 @@ def capture_preflight(case: Case, device: torch.device, reason: str, quiet: bool
 
 class Setup(NamedTuple):
     """How one case's set-up ended: ``status`` (``ok``, ``skipped``, ``error`` or ``oom``), its
-    warm ``step`` when ``ok``, else the ``error`` text its ``step_time`` row holds."""
+    warm ``step`` and the eager ``model`` it runs when ``ok``, else the ``error`` text its
+    ``step_time`` row holds."""
 
     status: str
     step: Step | None = None
     error: str | None = None
+    model: Decoder | None = None
 
 
 def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOptions,
@@ -180,7 +181,7 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
     label = f"model {k} of {n} ({case_label(case)})"
 
     def beat(stage: str, text: str) -> None:
-        (heartbeat or no_beat)(stage, 1, text=text, case=case.key, k=k, n=n)
+        (heartbeat or no_beat)(stage, 1, text=text, case=case.key, router=case.router, k=k, n=n)
 
     reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
     if reason and case.backend == "cudagraph" and impl_unavailable(case, device) is None:
@@ -208,7 +209,7 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
             beat("count", f"counting {'FLOPs, ' if opts.flops else ''}cost models and ops of {label}")
             # lean's FLOPs are its naive twin's (fvcore cannot see into its Functions); its state
             # and traffic models are its own (a peer kernel's traffic is opaque: its twin's)
-            lean = getattr(model.router, "lean", False)
+            lean = "impl" in case.router_kwargs() and impls.get(case.impl, case.router).backward == "recompute"
             counts.count_case(case, naive_twin(case, model), x, w, opts.flops, costs_of=model if lean else None,
                               ops_of=model, y=y)
             if opts.flops and lean:
@@ -249,7 +250,7 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
             regions = len(model.regions.roles) + 2 if model.regions is not None else 1
             for metric, value in backends.compile_rows(counted, backends.compile_counters(), regions).items():
                 w.write(**cols, metric=metric, value=value, unit="count")
-        return Setup("ok", step)
+        return Setup("ok", step, model=model)
     except torch.cuda.OutOfMemoryError as exc:
         why = str(exc).splitlines()[0]
         w.write(**cols, metric="step_time", unit="ms", status="oom", error=why)
@@ -318,11 +319,13 @@ class PreparedGroup:
 
     Attributes:
         steps: case key -> warm step, for the cases that set up ``ok``.
+        models: case key -> the eager model its step runs (a trace switches its labels on).
         status: case key -> status so far (timing adds to it).
         errors: case key -> why a case did not set up (its ``step_time`` row's error).
     """
 
     steps: dict[str, Step] = field(default_factory=dict)
+    models: dict[str, Decoder] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -352,7 +355,7 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
     try:
         with compile_group(cases):
             for k, (case, first) in enumerate(todo, 1):
-                at = dict(case=case.key, k=k, n=len(todo))
+                at = dict(case=case.key, router=case.router, k=k, n=len(todo))
                 beat("case", 1, text=f"setting up model {k} of {len(todo)} ({case_label(case)})", **at)
                 cw = NetOfResident(w, device) if group.steps and device.type == "cuda" else w
                 got = prepare_case(case, device, cw, opts, count_flops=first, heartbeat=beat, k=k, n=len(todo))
@@ -360,7 +363,7 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
                      status=got.status, **({"error": got.error[:300]} if got.error else {}), **at)
                 group.status[case.key] = got.status
                 if got.step is not None:
-                    group.steps[case.key] = got.step
+                    group.steps[case.key], group.models[case.key] = got.step, got.model
                 else:
                     group.errors[case.key] = got.error or got.status
                 if device.type == "cuda":

@@ -9,11 +9,11 @@ optional ``tb`` extra, torch-tb-profiler), Perfetto / chrome://tracing and Holis
 
 The router's share of step time, by one of three methods (the ``method`` column):
 
-- ``labels`` (eager only): :data:`workloads.decoder.PROFILE_LABELS` wraps every router call in a
-  ``record_function`` label. Forward time per label comes from ``key_averages()`` (self + children;
-  CPU time on CPU, kernel time on CUDA). Backward work has no labels: each autograd node run in
-  backward (``autograd::engine::evaluate_function: …``) is given to the label its forward op ran
-  under, matched by the op's sequence number (the link TensorBoard draws between forward and
+- ``labels`` (eager only): the decoder's ``profile_labels`` (``workloads/decoder.py``) wraps
+  every router call in a ``record_function`` label. Forward time per label comes from
+  ``key_averages()`` (self + children; CPU time on CPU, kernel time on CUDA). Backward work has
+  no labels: each autograd node run in backward (``autograd::engine::evaluate_function: …``) is
+  given to the label its forward op ran under, matched by the op's sequence number (the link TensorBoard draws between forward and
   backward), giving ``router.read.backward`` and so on. The step is a ``ProfilerStep#`` span on CPU
   and all kernel time of the step on CUDA, so both sides of the share are the same kind of time.
   It is a share of *profiled* time: on CPU the profiler's cost per op (several µs with
@@ -191,7 +191,7 @@ def profile_case(case: Case, device: torch.device, out_dir: Path | str, wait: in
         step = group.steps[case.key]
         worker = slugify(f"{case.router}-{case.impl}-{case.backend}-{case.mode}")
         events = trace(step, device, trace_dir, wait, warmup, active, labels="labels" in methods,
-                       worker_name=worker)
+                       worker_name=worker, model=group.models[case.key])
         if "labels" in methods:
             per_label, step_ms = label_rows(events, cuda)
             router_ms = sum(r["ms_per_step"] for r in per_label if r["label"].startswith("router."))

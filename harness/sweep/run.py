@@ -104,7 +104,8 @@ def run_sweep(cases: Iterable[Case], device: torch.device, run: RunWriter,
                     record_lost(run, case, lost)
                     tracker.event("device_lost", f"{word} {k} of {n_units}: a sticky device error in "
                                   f"{case_label(case)}, recorded as its error row; this process stops",
-                                  k=k, n=n_units, case=case.key, error=lost.error[:300])
+                                  k=k, n=n_units, case=case.key, router=case.router,
+                                  error=lost.error[:300])
                     bar.close()
                     raise
             for s in statuses.values():

@@ -118,7 +118,7 @@ def _widest(times: dict[str, list[float]], ratios: list[tuple[str, str]], conf: 
 
 def time_rounds(steps: dict[str, Callable[[], object]], device: torch.device, opts: SweepOptions,
                 ratios: list[tuple[str, str]], budget_s: float,
-                beat: Callable[..., None] | None = None) -> Rounds:
+                beat: Callable[..., None] | None = None, labels: dict[str, str] | None = None) -> Rounds:
     """Time ``steps`` interleaved (dict order is the round order) after one untimed round.
 
     Fixed rounds (``opts.precision_target`` None): ``opts.timing.repeats`` rounds. With a target:
@@ -128,7 +128,8 @@ def time_rounds(steps: dict[str, Callable[[], object]], device: torch.device, op
     the rule's interval, and timing stops at the first look where all are within the target
     (``precise``), when the next look would not fit in ``budget_s`` (``budget``), or at the last
     look (``max_rounds``; ``budget`` when the budget set the last look). ``beat`` is called every
-    :data:`BEAT_ROUNDS` rounds and at each look with the widest current half-width.
+    :data:`BEAT_ROUNDS` rounds and at each look with the widest current half-width, naming its
+    case by ``labels`` (step key -> what the progress line calls it; default: the key).
 
     Raises:
         whatever a step raises (the caller times each step alone then).
@@ -166,7 +167,7 @@ def time_rounds(steps: dict[str, Callable[[], object]], device: torch.device, op
         widest, who = _widest(times, ratios, conf)
         at_look = bool(looks) and n == looks[0]
         text = (f"round {n} of {'<=' if sched else ''}{n_max}"
-                + (f": widest CI ±{widest:.1%} ({who.split('|')[0]})" if widest == widest else ""))
+                + (f": widest CI ±{widest:.1%} ({(labels or {}).get(who, who)})" if widest == widest else ""))
         beat("timing", len(names), text=text + (" (look)" if at_look else ""), round=n, max_rounds=n_max,
              widest=None if widest != widest else round(widest, 5))
         if at_look:
@@ -272,7 +273,8 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
     clocks = [noise.sm_clock_mhz(device)]
     try:
         with noise.Probe() as probe, GpuProbe(device) as gpu, backends.recompile_guard(backend):
-            got = time_rounds({k: steps[k] for k in keys}, device, opts, ratio_pairs(group), budget_s, beat)
+            got = time_rounds({k: steps[k] for k in keys}, device, opts, ratio_pairs(group), budget_s, beat,
+                              labels={c.key: c.router for c in group})
         together = len(keys) > 1
     except Exception as exc:  # one broken step must not take the group down: find it by timing alone
         if poisons_context(exc):  # nothing more can run here: the case that raised it is recorded

@@ -4,8 +4,8 @@
 The trace comes from ``torch.profiler.profile`` with ``schedule(wait, warmup, active)`` and
 ``tensorboard_trace_handler``: one ``*.pt.trace.json`` per run that opens in TensorBoard (the
 optional ``tb`` extra, torch-tb-profiler), Perfetto / chrome://tracing and Holistic Trace Analysis.
-:data:`workloads.decoder.PROFILE_LABELS` wraps every router call in a ``record_function`` label;
-:func:`label_rows` gives each label its forward time and the backward nodes its forward ops
+The decoder's ``profile_labels`` (``workloads/decoder.py``) wraps every router call in a
+``record_function`` label; :func:`label_rows` gives each label its forward time and the backward nodes its forward ops
 created (matched by sequence number).
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 
-import workloads.decoder as decoder
+from workloads.decoder import Decoder
 from harness.timing.timer import synchronize
 
 #: Name of the autograd engine's span around one backward node (its ``sequence_nr`` is the
@@ -32,14 +32,18 @@ BACKWARD_NODE = "autograd::engine::evaluate_function: "
 
 
 @contextlib.contextmanager
-def profile_labels(on: bool = True) -> Iterator[None]:
-    """Switch the decoder's ``record_function`` labels on (or off) inside the block."""
-    old = decoder.PROFILE_LABELS
-    decoder.PROFILE_LABELS = on
+def profile_labels(model: Decoder | None, on: bool = True) -> Iterator[None]:
+    """Switch ``model``'s ``record_function`` labels (:attr:`Decoder.profile_labels`) on (or off)
+    inside the block; None: nothing to switch."""
+    if model is None:
+        yield
+        return
+    old = model.profile_labels
+    model.profile_labels = on
     try:
         yield
     finally:
-        decoder.PROFILE_LABELS = old
+        model.profile_labels = old
 
 
 @contextlib.contextmanager
@@ -76,11 +80,13 @@ def lines_dropped(prefix: bytes = b"USDT:", fds: tuple[int, ...] = (1, 2)) -> It
 
 
 def trace(step: Callable[[], object], device: torch.device, trace_dir: Path, wait: int, warmup: int,
-          active: int, labels: bool, worker_name: str | None = None):
+          active: int, labels: bool, worker_name: str | None = None, model: Decoder | None = None):
     """Profile ``wait + warmup + active`` steps; the active ones go to a TensorBoard trace file.
 
     The trace carries ``distributedInfo`` (:func:`distributed_info`: rank 0 and world size 1 in a
     single process), which Holistic Trace Analysis reads for the rank instead of guessing it.
+    With ``labels``, ``model`` (the eager decoder ``step`` runs) labels its router's and
+    sublayers' calls while it is traced.
 
     Returns:
         the profiler's events of the active steps (``torch.autograd.profiler_util.EventList``).
@@ -94,7 +100,7 @@ def trace(step: Callable[[], object], device: torch.device, trace_dir: Path, wai
         write(prof)
         got["events"] = prof.events()
 
-    with lines_dropped(b"USDT:"), profile_labels(labels), torch.profiler.profile(
+    with lines_dropped(b"USDT:"), profile_labels(model, labels), torch.profiler.profile(
             activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=on_trace_ready, record_shapes=True, with_stack=False) as prof:
         for i in range(wait + warmup + active):
@@ -160,7 +166,7 @@ def label_rows(events, cuda: bool) -> tuple[list[dict], float]:
             rows.append({"label": avg.key, "calls": avg.count / n, "ms_per_step": _time(avg, cuda) / 1e3 / n})
     if not any(r["label"].startswith("router.") for r in rows):
         raise RuntimeError("the trace holds no router.* label: was the step run eagerly with "
-                           "workloads.decoder.PROFILE_LABELS on?")
+                           "Decoder.profile_labels on?")
     # Forward op -> label, by (thread, sequence number). The op that creates an autograd node is
     # the last one to carry its number (the counter moves on after it), so the last wins.
     owner: dict[tuple[int, int], object] = {}

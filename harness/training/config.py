@@ -26,6 +26,10 @@ DIVERGENCE_MARGIN = 1.0
 PILOT_SEED = 10000
 
 
+#: The ``mode`` of a training run (its rows' column and the first field of :func:`train_case_key`).
+TRAIN_MODES = ("train", "pilot", "study")
+
+
 PRECISIONS = ("fp32", "bf16-mixed")
 
 

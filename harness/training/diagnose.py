@@ -3,7 +3,7 @@ hidden-state RMS by depth, from the last checkpoint of each training run of a ru
 (``routerbench diagnose``; figures and CSVs in :mod:`reports.diagnose`).
 
 Each run's decoder is rebuilt with its router and options but the ``naive`` implementation (the
-one whose softmax weights are visible, through ``BlockAttnRes.weight_recorder``), its checkpoint
+one whose softmax weights are visible, through ``BlockRouter.weight_recorder``), its checkpoint
 loaded, and run in eval mode without grad on fixed validation batches of the run's corpus
 (:func:`workloads.batches.fixed_val_batches`, the batches its evaluations used when ``batches``
 equals its ``eval_batches``), in float32 (a ``bf16-mixed`` run is diagnosed without autocast).
@@ -34,7 +34,8 @@ from torch import Tensor
 
 from harness.rundir.records import MANIFEST_FILE, RECORDS_FILE, load_rows
 from routers import router_options
-from routers.attnres import BlockAttnRes, FullAttnRes
+from routers.attnres import FullAttnRes
+from routers.block.router import BlockRouter
 from routers.errors import ConfigError
 from workloads.batches import fixed_val_batches
 from workloads.config import DecoderConfig
@@ -42,8 +43,9 @@ from workloads.data import CharCorpus, default_corpus
 from workloads.decoder import Decoder
 
 from .checkpoint import CHECKPOINT_DIR, RunInProgress, checkpoint_dir, newest_checkpoint, read_checkpoint
+from .config import TRAIN_MODES
 
-TRAIN_MODES = ("train", "pilot", "study")
+
 @dataclasses.dataclass(frozen=True)
 class TrainedRun:
     """One training run of a run directory and its latest checkpoint.
@@ -198,8 +200,10 @@ def load_model(run: TrainedRun, device: torch.device | str = "cpu",
     return model.to(device).eval()
 
 
-def source_labels(router: BlockAttnRes, read: int, kinds: tuple) -> list[tuple[str, str]]:
-    """``(name, kind)`` of each source of one read, in pool order; kind is ``state`` or ``detail``.
+def source_labels(router: BlockRouter, read: int, kinds: tuple) -> list[tuple[str, str, int]]:
+    """``(name, kind, order)`` of each source of one read, in pool order; kind is ``state`` or
+    ``detail``; order is the sort key of the heatmap's columns: e, then each block's summary and
+    its details in block order (``u0``, ``u1``… for ``full_attnres``), then P and its details.
 
     Args:
         router: a router of the Attention Residuals family (``block_attnres``, ``full_attnres``,
@@ -209,27 +213,20 @@ def source_labels(router: BlockAttnRes, read: int, kinds: tuple) -> list[tuple[s
     """
     n_done = router.n_blocks if read == len(router.slots) else router.slots[read].block - 1
     full = isinstance(router, FullAttnRes)
-    out, block, partial = [("e", "state")], 0, False
+    width = 1 + len(router.detail_kinds)  # a block's summary and its details
+    last = len(router.slots) + 2  # P's place: after every block
+    out, block, partial = [("e", "state", 0)], 0, False
     for k in kinds[1:]:
         if k is None:
             partial = block >= n_done
             block += 0 if partial else 1
-            out.append(("P" if partial else f"u{block - 1}" if full else f"C{block}", "state"))
+            name = "P" if partial else f"u{block - 1}" if full else f"C{block}"
+            out.append((name, "state", (last if partial else block) * width))
         else:
             kind = router.detail_kinds[k]
-            out.append((f"P.{kind}" if partial else f"D{block}.{kind}", "detail"))
+            name = f"P.{kind}" if partial else f"D{block}.{kind}"
+            out.append((name, "detail", (last if partial else block) * width + 1 + k))
     return out
-
-
-def source_order(router: BlockAttnRes, name: str) -> int:
-    """Sort key of a source name for the heatmap's columns: e, then each block's summary and its
-    details in block order (``u0``, ``u1``… for ``full_attnres``), then P and its details."""
-    if name == "e":
-        return 0
-    head, _, kind = name.partition(".")
-    sub = 1 + router.detail_kinds.index(kind) if kind else 0
-    major = len(router.slots) + 2 if head == "P" else int(head[1:]) + (head[0] == "u")
-    return major * (1 + len(router.detail_kinds)) + sub
 
 
 def read_label(read: int, n_sublayers: int) -> str:
@@ -265,7 +262,7 @@ def diagnose_model(model: Decoder, batches: list, device: torch.device | str = "
     model.eval()
     r = model.router
     n = len(r.slots)
-    mixing = isinstance(r, BlockAttnRes)
+    mixing = isinstance(r, BlockRouter)
     if mixing and r.impl != "naive":
         raise ValueError(f"{r.name}: impl {r.impl!r} hides its weights; rebuild it with impl='naive'")
     sums: dict[int, list] = {}          # read -> [kinds, Σ over batches of mean α (n,), batches]
@@ -304,9 +301,9 @@ def diagnose_model(model: Decoder, batches: list, device: torch.device | str = "
     out: dict[str, list[dict]] = {"weights": [], "bias": [], "rms": []}
     for read in sorted(sums):
         kinds, total, count = sums[read]
-        for (name, kind), w in zip(source_labels(r, read, kinds), (total / count).tolist()):
+        for (name, kind, order), w in zip(source_labels(r, read, kinds), (total / count).tolist()):
             out["weights"].append({"read": read, "read_label": read_label(read, n), "source": name,
-                                   "source_kind": kind, "order": source_order(r, name), "weight": w})
+                                   "source_kind": kind, "order": order, "weight": w})
     if mixing and r.detail_kinds:
         seen = {read: {k for k in kinds if k is not None} for read, (kinds, _, _) in sums.items()}
         for read, row in enumerate(r.detail_bias.detach().double().cpu().tolist()):

@@ -67,11 +67,6 @@ def rank() -> int:
     return dist.get_rank() if active() else 0
 
 
-def local_rank() -> int:
-    """This process's rank on its host (``LOCAL_RANK``; 0 without a process group)."""
-    return int(os.environ.get("LOCAL_RANK", "0")) if active() else 0
-
-
 def is_main() -> bool:
     """Rank 0: the process that writes and decides."""
     return rank() == 0

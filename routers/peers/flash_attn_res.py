@@ -62,37 +62,34 @@ def _check_width(d: int) -> None:
         raise ValueError(f"impl {NAME}: flash-attn-res needs a power-of-two width d, got {d}")
 
 
-def phase1(r, values: tuple[Tensor, ...], inv: tuple[Tensor, ...], block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`routers.two_phase.phase1` through the package's phase 1 (IMPL.conventions).
+def phase1(q: Tensor, bias: Tensor | None, values: tuple[Tensor, ...], inv: tuple[Tensor, ...],
+           valid: Tensor | None, scope: object = None) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`routers.block.phases.phase1` through the package's phase 1 (IMPL.conventions).
 
     ``inv`` (our cached inverse RMS) is not used: the kernel recomputes it. Returns ``o`` in the
     sources' dtype, μ = lse (detached) and s = exp(lse − μ) (= 1, carrying lse's gradient), so
-    that μ + log s = lse, the form :func:`phase2` and ours merge.
+    that μ + log s = lse, the form :func:`merge` and ours merge.
     """
-    from ..two_phase import queries
-    if r.detail_kinds:
-        raise ValueError(f"impl {NAME}: no detail sources (block_attnres only)")
+    if bias is not None or valid is not None:
+        raise ValueError(f"impl {NAME}: no detail sources and no padded pool (block_attnres, model scope)")
     phase_1, _ = _ops()
     V = torch.stack(tuple(values))                                    # (n, B, T, d)
     _check_width(V.shape[-1])
-    Q = queries(r, r.plan.rows[block]).contiguous()                    # (m, d), key gain folded
-    o, lse = phase_1.phase_1_batched_attention_triton_op(V, Q, EPS)
+    o, lse = phase_1.phase_1_batched_attention_triton_op(V, q.contiguous(), EPS)
     mx = lse.detach()
     return o.to(V.dtype), mx, torch.exp(lse - mx)
 
 
-def phase2(r, st, slot) -> Tensor:
-    """:func:`routers.two_phase.phase2` through the package's phase 2 (IMPL.conventions)."""
-    from ..two_phase import queries
-    if r._partial_kinds(slot):
+def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
+          bias: Tensor | None, max_detail_scale: float, *lean: object) -> Tensor:
+    """:func:`routers.block.phases.merge` through the package's phase 2 (IMPL.conventions)."""
+    if details:
         raise ValueError(f"impl {NAME}: no partial detail sources (block_attnres only)")
     _, phase_2 = _ops()
-    o, mx, s = st.block_out[slot.pos], st.block_max[slot.pos], st.block_sum[slot.pos]
     lse = (mx + torch.log(s)).to(torch.float32).contiguous()
-    q = queries(r, slot.index).contiguous()
-    P = st.partial.contiguous()
+    P = P.contiguous()
     _check_width(P.shape[-1])
-    h = phase_2.phase_2_online_softmax_merge_triton_op(P, q, o.contiguous(), lse, EPS)
+    h = phase_2.phase_2_online_softmax_merge_triton_op(P, q.contiguous(), o.contiguous(), lse, EPS)
     return h.to(P.dtype)
 
 
@@ -100,7 +97,7 @@ IMPL = Impl(
     name=NAME,
     routers=("block_attnres",),
     schedule="two_phase",
-    phases=(phase1, phase2),
+    phases=(phase1, merge),
     devices=("cuda",),
     dtypes=("bfloat16",),
     modes=("fwd", "fwd_bwd", "train_step", "decode"),

@@ -1,6 +1,6 @@
 """Liger-Kernel's mHC ops (``liger-kernel`` 0.8.5, ``liger_kernel/ops/mhc.py``; the functional
 wrappers of ``liger_kernel.transformers.functional``) as the three plug-in points of ``mhc``'s
-naive schedule (``routers/stream_impls.py``).
+naive schedule (``routers/stream.py``).
 
 ``LigerMHC`` wraps the sublayer, which the router contract forbids (the sublayer belongs to the
 workload), so the adapter calls the three functional ops the module is made of::
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..stream_impls import Coefficients
+from ..stream import Coefficients
 from ..impls import Impl
 from . import _common
 

@@ -1,5 +1,5 @@
 """lucidrains' ``hyper-connections`` (PyPI 0.4.11, pure PyTorch: ``HyperConnections``) as the
-width-depth schedule of ``shc`` and ``dhc`` (``routers/stream_impls.py``).
+width-depth schedule of ``shc`` and ``dhc`` (``routers/stream.py``).
 
 The package's module of one sublayer (``hyper_connections/hyper_connections.py``)::
 

@@ -1,4 +1,4 @@
-"""The cost models of the block routers (:class:`routers.attnres.BlockAttnRes` and its subclasses),
+"""The cost models of the block routers (:class:`routers.block.router.BlockRouter`),
 beside their code as the Router contract asks: analytic forward FLOPs of the naive schedule, the
 live router state of every impl (naive, two_phase, lean; tuple or padded layout) and the ideal I/O
 of the AttnRes paper's Table 1 (docs/FLOPS.md; ROUTERS.md; the tests in tests/test_costs.py hold
@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from . import block_regions
-from .base import Slot
+from ..base import Slot
 
 
 class BlockCosts:
-    """Cost-model methods of :class:`routers.attnres.BlockAttnRes` (Router's cost docstrings)."""
+    """Cost-model methods of :class:`routers.block.router.BlockRouter` (Router's cost docstrings)."""
 
     def _detail_write_live(self, slot: Slot, j: int) -> bool:
         """Whether the running detail sum of kind j after ``write(slot)`` is ever read.
@@ -86,15 +85,15 @@ class BlockCosts:
 
         naive: e, the completed pool (C_b and K matched details per block; the last block
         without its details unless ``readout_details``), P and the K running details.
-        two_phase (``routers/two_phase.py``): the same plus, per completed source (e included),
+        two_phase (``routers/block/two_phase.py``): the same plus, per completed source (e included),
         its inverse RMS (a (B, T) statistic), and the current block's phase-1 outputs (one
         (m, B, T, d) tensor = m (B, T, d)) with two (m, B, T) statistics (max and sum of exps).
-        lean (``routers/lean.py``): two_phase's, plus the block's updates u_0 … u_p it keeps
+        lean (``routers/block/lean.py``): two_phase's, plus the block's updates u_0 … u_p it keeps
         after the write at position p ≥ 1 (at p = 0, u_0 is P); none of block 1's phase-1
         outputs (over e alone, each is e itself); in a later block of m ≥ 2, phase 1's o_0 is a
         tensor of its own (the one a norm keeps for the backward) and o_1 … are views of the
         whole (m, B, T, d) result: m + 1.
-        ``padded`` (two_phase or lean under the layer scope, ``routers/block_regions.py``): also the one
+        ``padded`` (two_phase or lean under the layer scope, :func:`routers.block.state.pad`): also the one
         zero tensor and the one zero statistic every pad is a view of, and at p = 0 each detail is
         c·u, a new tensor whatever c (the region graph does not know the sign).
         """
@@ -135,8 +134,8 @@ class BlockCosts:
         ``layout="padded"``: ``two_phase``'s state under the layer compile scope, whose pool of
         fixed length holds views of one zero tensor (and its inverse RMS one zero statistic) where
         a block has not completed yet, and a mask of its valid slots (:meth:`_state_counts`;
-        :func:`routers.block_regions.capacity` values in the softmax dtype; the padded phase 1 costs
-        :func:`routers.block_regions.masked_phase1_flops` more).
+        ``plan.capacity`` values in the softmax dtype; the padded phase 1 costs
+        :meth:`masked_phase1_flops` more).
 
         ``naive``: max over the states of (1 + pool + running sums) tensors of (B, T, d): e,
         the completed pool (C_b and its K RMS-matched details per block, 1 + K each; the last
@@ -153,7 +152,7 @@ class BlockCosts:
         dtype, tokens = dtype or torch.float32, batch_size * seq_len
         item = torch.empty((), dtype=dtype).element_size()
         stat_item = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()
-        mask = block_regions.capacity(self) * stat_item if layout == "padded" else 0  # valid, (1+N(1+K),)
+        mask = self.plan.capacity * stat_item if layout == "padded" else 0  # valid, (1+N(1+K),)
         return mask + max(n * tokens * self.d_model * item + n_stats * tokens * stat_item
                           for n, n_stats in self._state_counts(impl, layout == "padded"))
 
@@ -171,7 +170,7 @@ class BlockCosts:
         Block AttnRes: N/S + 5 (5.5 at 128 sublayers, N = 8, S = 16, the paper's figure);
         haares: 2N/S + 7; wav_v1: 3N/S + 9. The readout is not counted (per-sublayer figure).
 
-        ``layout="padded"`` (the layer scope's pool, :mod:`routers.block_regions`): phase 1 reads
+        ``layout="padded"`` (the layer scope's pool, :func:`routers.block.state.pad`): phase 1 reads
         e, then at each later block all ``1 + N(1+K)`` slots, masked ones too, so phase 1 moves
         ``(1 + (N−1)(1 + N(1+K))) / 2L``: more than the completed sources' ``N + (1+K)N(N−1)/2``
         reads, within the full-pool bound above.
@@ -185,10 +184,26 @@ class BlockCosts:
                              "(n_blocks); pass schedule=None")
         n_bases = 1 + len(self.detail_kinds)                  # C_b and its detail sources
         if layout == "padded":
-            phase1 = (1 + (self.n_blocks - 1) * block_regions.capacity(self)) / len(self.slots)
+            phase1 = (1 + (self.n_blocks - 1) * self.plan.capacity) / len(self.slots)
         elif layout == "tuple":
             phase1 = n_bases * self.n_blocks * self.n_blocks / len(self.slots)   # (1+K)·N/S
         else:
             raise ValueError(f"layout={layout!r}: 'tuple' or 'padded'")
         phase2 = 3 + 2 * n_bases                              # u, o, h; P, D read and written
         return phase1 + phase2
+
+    def masked_phase1_flops(self, batch_size: int, seq_len: int) -> float:
+        """Forward FLOP the padded pool adds over phase 1 on the completed sources alone (docs/FLOPS.md
+        convention), over B·T tokens: the phase 1 of each block b ≥ 2 (block 1's runs over e alone)
+        mixes ``capacity − (1 + (b−1)(1+K))`` masked slots too, each costing what a source costs,
+        per query and token: the dot product 2d, the weighted sum 2d, the inverse-RMS product, the
+        max, the shift, the exponential, the sum and the division (6), plus the detail bias (1) when
+        the router has details; and one comparison per slot for the mask."""
+        d, K = self.d_model, len(self.detail_kinds)
+        n_cap, tokens, extra = self.plan.capacity, batch_size * seq_len, 0
+        per_query = 4 * d + 6 + (1 if K else 0)
+        for b in range(2, self.n_blocks + 1):
+            m = sum(1 for s in self.slots if s.block == b)
+            masked = n_cap - (1 + (b - 1) * (1 + K))
+            extra += masked * (m * tokens * per_query + 1)
+        return float(extra)

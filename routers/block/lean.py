@@ -1,5 +1,5 @@
 """The ``lean`` implementation of the block routers: the two-phase schedule
-(``routers/two_phase.py``) with a backward that keeps the sources once and a few float32 statistics
+(``routers/block/two_phase.py``) with a backward that keeps the sources once and a few float32 statistics
 per token, and recomputes the rest (logits, softmax weights, the partial sums).
 
 Plain autograd of the two-phase forward keeps, per read, a stacked copy of the sources, float32
@@ -32,9 +32,9 @@ would keep all m outputs); the other outputs are views that nobody keeps. The fo
 ``two_phase`` computes, in the same order, so the two agree to rounding; the statistics are in the
 softmax dtype (float32 for low-precision tensors). Under autocast each backward runs with its
 forward's autocast state (what ``torch.amp.custom_bwd`` does, for any device), so its contractions
-cast as the forward's did. Each Function's backward marks what it
-recomputes with :func:`recomputing`, which the FLOP counter uses for the ``recompute_flops_dispatch``
-row (``harness/sweep/counts.py``).
+cast as the forward's did. Each Function's backward runs what it recomputes inside
+:func:`recomputing` of the router's ``recompute_scope``, which the FLOP counter sets for the
+``recompute_flops_dispatch`` row (``harness/sweep/counts.py``).
 """
 
 from __future__ import annotations
@@ -45,17 +45,18 @@ from typing import Callable, ContextManager, Sequence
 import torch
 from torch import Tensor
 
-from .block_plan import coefficient
-from .mixer import EPS, softmax_dtype
+from ..mixer import EPS, softmax_dtype
+from .phases import Phases
+from .plan import coefficient
 
-#: Set by a FLOP counter (``harness.sweep.counts``) to a context manager factory that counts the
-#: ops run inside it; None (the default) costs one attribute test per backward.
-RECOMPUTE_COUNTER: Callable[[], ContextManager] | None = None
+#: What a Function's backward runs its recompute in: a factory of a context manager (a FLOP
+#: counter, ``harness.sweep.counts``, sets the router's ``recompute_scope``), or None.
+Scope = Callable[[], ContextManager] | None
 
 
-def recomputing() -> ContextManager:
-    """The context in which a backward recomputes forward quantities (see :data:`RECOMPUTE_COUNTER`)."""
-    return RECOMPUTE_COUNTER() if RECOMPUTE_COUNTER is not None else contextlib.nullcontext()
+def recomputing(scope: Scope) -> ContextManager:
+    """The context in which a backward recomputes forward quantities: ``scope()``, or nothing."""
+    return scope() if scope is not None else contextlib.nullcontext()
 
 
 def _autocast_state(t: Tensor) -> tuple[str, bool, torch.dtype]:
@@ -95,15 +96,16 @@ class InvRms(torch.autograd.Function):
 
 
 def inv_rms(v: Tensor) -> Tensor:
-    """:func:`routers.two_phase.inv_rms` through :class:`InvRms`."""
+    """:func:`routers.block.phases.inv_rms` through :class:`InvRms`."""
     return InvRms.apply(v)
 
 
 class Phase1(torch.autograd.Function):
-    """Phase 1 of a block (:func:`routers.two_phase.phase1`): m queries over n completed sources.
+    """Phase 1 of a block (:func:`routers.block.phases.phase1`): m queries over n completed sources.
 
-    ``apply(n, alias, contiguous, q, bias, valid, *values, *inv)`` (plain int and bools, never a
-    tuple: some torch versions' Dynamo misbind a tuple argument of ``apply``): q (m, d) the queries
+    ``apply(n, alias, contiguous, scope, q, bias, valid, *values, *inv)`` (plain int and bools,
+    never a tuple: some torch versions' Dynamo misbind a tuple argument of ``apply``; ``scope``
+    the :data:`Scope` of the backward's recompute): q (m, d) the queries
     (key gain folded in), bias (m, n) or None, valid (n,) a bool mask of the pool's real sources
     (False for a pad of the layer scope) or None, then n sources (B, T, d) and their inverse RMS (B, T).
 
@@ -118,12 +120,12 @@ class Phase1(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, n: int, alias: bool, contiguous: bool, q: Tensor, bias: Tensor | None,
+    def forward(ctx, n: int, alias: bool, contiguous: bool, scope: Scope, q: Tensor, bias: Tensor | None,
                 valid: Tensor | None, *tensors: Tensor):
         values, inv = tensors[:n], tensors[n:]
         V = torch.stack(values, dim=2)                                # (B, T, n, d), transient
         acc = softmax_dtype(V.dtype)
-        with torch.autocast(V.device.type, enabled=False):  # as two_phase.exact_matmul
+        with torch.autocast(V.device.type, enabled=False):  # as phases.exact_matmul
             dots = torch.matmul(V, q.t()).to(acc)                     # (B, T, n, m)
         logits = dots * torch.stack(inv, dim=-1).unsqueeze(-1)
         if bias is not None:
@@ -135,7 +137,7 @@ class Phase1(torch.autograd.Function):
         mx = logits.permute(3, 0, 1, 2).amax(dim=-1)                   # (m, B, T)
         p = torch.exp(logits - mx.permute(1, 2, 0).unsqueeze(2))       # (B, T, n, m)
         s = p.permute(3, 0, 1, 2).sum(dim=-1)                          # (m, B, T)
-        ctx.n, ctx.alias, ctx.autocast = n, alias, _autocast_state(q)
+        ctx.n, ctx.alias, ctx.scope, ctx.autocast = n, alias, scope, _autocast_state(q)
         # the backward's layout: (m, B, T, n) dots (a view, no copy)
         ctx.save_for_backward(q, bias, valid, dots.permute(3, 0, 1, 2), mx, s, *values, *inv)
         ctx.mark_non_differentiable(mx)
@@ -162,7 +164,7 @@ class Phase1(torch.autograd.Function):
         # the forward's layout: (B, T, n, m) dots, (B, T, 1, m) statistics (views of what was saved)
         dots, mx, s = dots.permute(1, 2, 3, 0), mx.movedim(0, -1).unsqueeze(2), s.movedim(0, -1).unsqueeze(2)
         g_s = grads[-1]
-        with recomputing():
+        with recomputing(ctx.scope):
             r = torch.stack(inv, dim=-1).unsqueeze(-1)                # (B, T, n, 1)
             logits = dots * r
             if bias is not None:
@@ -173,7 +175,7 @@ class Phase1(torch.autograd.Function):
         V = torch.stack(values, dim=2)                                 # (B, T, n, d)
         g_l = torch.zeros_like(beta) if g_s is None else beta * (g_s.movedim(0, -1).unsqueeze(2) * s)
         g_v = None
-        # the contractions in the sources' dtype, as the forward's (two_phase.exact_matmul)
+        # the contractions in the sources' dtype, as the forward's (phases.exact_matmul)
         with torch.autocast(V.device.type, enabled=False):
             if not alias and (grads[0] is not None or grads[1] is not None):
                 g_o0, g_rest = grads[0], grads[1]
@@ -188,38 +190,46 @@ class Phase1(torch.autograd.Function):
             key = torch.matmul(g_dots, q)                              # (B, T, n, d)
             g_v = key if g_v is None else g_v + key
             g_q = (torch.matmul(g_dots.flatten(0, 2).t(), V.flatten(0, 2))
-                   if ctx.needs_input_grad[3] else None)               # (m, d)
-        g_b = g_l.sum(dim=(0, 1)).t().to(bias.dtype) if bias is not None and ctx.needs_input_grad[4] else None
+                   if ctx.needs_input_grad[4] else None)               # (m, d)
+        g_b = g_l.sum(dim=(0, 1)).t().to(bias.dtype) if bias is not None and ctx.needs_input_grad[5] else None
         g_r = (g_l * dots).sum(dim=-1)                                 # (B, T, n)
-        return (None, None, None, g_q, g_b, None, *g_v.unbind(2), *g_r.unbind(-1))
+        return (None, None, None, None, g_q, g_b, None, *g_v.unbind(2), *g_r.unbind(-1))
 
 
-def mix(queries: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
-        valid: Tensor | None = None, contiguous: bool = False) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
-    """m queries over n sources through :class:`Phase1` (``contiguous``: the layer scope's layout).
+def phase1(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
+           valid: Tensor | None, scope: Scope = None) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
+    """:func:`routers.block.phases.phase1` through :class:`Phase1` (under the layer scope, ``valid``
+    given, o in the standard layout).
 
     Returns:
         (o_0, …, o_{m−1}) each (B, T, d) (views of the source when n = 1), μ and s (m, B, T).
     """
-    n, m = len(values), queries.shape[0]
+    n, m, contiguous = len(values), q.shape[0], valid is not None
     if n == 1:  # each o_i is the source: a view of it each (one storage; no object twice, which a
         # layer-scope region would see as an input aliasing the pool's e and guard on)
-        mx, s = Phase1.apply(1, True, contiguous, queries, bias, valid, *values, *inv)
+        mx, s = Phase1.apply(1, True, contiguous, scope, q, bias, valid, *values, *inv)
         return tuple(values[0].view_as(values[0]) for _ in range(m)), mx, s
-    o0, rest, mx, s = Phase1.apply(n, False, contiguous, queries, bias, valid, *values, *inv)
+    o0, rest, mx, s = Phase1.apply(n, False, contiguous, scope, q, bias, valid, *values, *inv)
     return (o0, *rest.unbind(0)), mx, s
+
+
+def readout(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
+            valid: Tensor | None, scope: Scope = None) -> Tensor:
+    """:func:`routers.block.phases.readout` through :class:`Phase1` as one query."""
+    o, _, _ = phase1(q[None], None if bias is None else bias[None], values, inv, valid, scope)
+    return o[0]
 
 
 def rebuild(updates: Sequence[Tensor], coefs: int | Tensor, kinds: Sequence[int],
             n_kinds: int = 0) -> tuple[Tensor, list[Tensor]]:
     """P and the raw details of ``kinds`` from the block's updates, by the forward's own sums
-    (``BlockAttnRes.write``: P = u_0, D = ±u_0, then P + u, D ± u), so bit for bit the same.
+    (:func:`routers.block.state.accumulate`: P = u_0, D = ±u_0, then P + u, D ± u), so bit for bit the same.
 
     Args:
         updates: u_0 … u_{p−1} oldest first, each (B, T, d); under the layer scope led by zero pads
             (0 + x = x exactly, so the pads change no bit).
         coefs: the updates' coefficients in every detail kind: a Python int of bits
-            (:func:`routers.block_plan.coefficient_bits` over ``n_kinds`` kinds; Python constants,
+            (:func:`routers.block.plan.coefficient_bits` over ``n_kinds`` kinds; Python constants,
             so D ± u with no multiply), or a (p, K) tensor of ±1 (0 for a pad) under the layer
             scope, which adds c·u (D ± u exactly).
         kinds: the detail kinds to rebuild (detail indices).
@@ -239,9 +249,9 @@ def rebuild(updates: Sequence[Tensor], coefs: int | Tensor, kinds: Sequence[int]
 
 
 class Phase2(torch.autograd.Function):
-    """Phase 2 of one read at block position p ≥ 1 (:func:`routers.two_phase.merge`).
+    """Phase 2 of one read at block position p ≥ 1 (:func:`routers.block.phases.merge`).
 
-    ``apply(k_lo, k_hi, n_kinds, bits, o, μ, s, q, bias, c, coef_t, P, *details, *updates)``
+    ``apply(k_lo, k_hi, n_kinds, bits, scope, o, μ, s, q, bias, c, coef_t, P, *details, *updates)``
     (plain ints, never a tuple: some torch versions' Dynamo misbind a tuple argument of
     ``apply``), with the seen detail kinds ``range(k_lo, k_hi)`` of ``n_kinds``, and ``bits`` the
     updates' coefficients (:func:`rebuild`; ignored when ``coef_t`` is given): o (B, T, d), μ and s (B, T) of phase 1 for this read, q (d,), bias (K',) of the seen
@@ -260,7 +270,7 @@ class Phase2(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, k_lo: int, k_hi: int, n_kinds: int, bits: int, o: Tensor, mx: Tensor, s: Tensor,
+    def forward(ctx, k_lo: int, k_hi: int, n_kinds: int, bits: int, scope: Scope, o: Tensor, mx: Tensor, s: Tensor,
                 q: Tensor, bias: Tensor | None, c: Tensor | None, coef_t: Tensor | None, P: Tensor,
                 *tensors: Tensor) -> Tensor:
         kinds = range(k_lo, k_hi)
@@ -283,7 +293,7 @@ class Phase2(torch.autograd.Function):
             h = torch.addcmul(h, w[1].to(o.dtype).unsqueeze(-1), P)
             for j, D in enumerate(details):
                 h = torch.addcmul(h, (w[2 + j] * c[j]).to(o.dtype).unsqueeze(-1), D)
-        ctx.kinds, ctx.n_kinds, ctx.bits, ctx.autocast = kinds, n_kinds, bits, _autocast_state(q)
+        ctx.kinds, ctx.n_kinds, ctx.bits, ctx.scope, ctx.autocast = kinds, n_kinds, bits, scope, _autocast_state(q)
         ctx.save_for_backward(h, s, q, bias, c, coef_t, w, t, rho, *updates)
         return h
 
@@ -297,7 +307,7 @@ class Phase2(torch.autograd.Function):
         kinds = ctx.kinds
         h, s, q, bias, c, coef_t, w, ts, rhos, *updates = ctx.saved_tensors
         acc, d = w.dtype, h.shape[-1]
-        with recomputing():
+        with recomputing(ctx.scope):
             P, details = rebuild(updates, ctx.bits if coef_t is None else coef_t, kinds, ctx.n_kinds)
         srcs = [P] + details
         gains = [None] + [c[j] for j in range(len(kinds))]
@@ -306,7 +316,7 @@ class Phase2(torch.autograd.Function):
         for j, (S, cj) in enumerate(zip(srcs, gains)):
             gs = _dot(g, S, acc)
             g_l.append(w[1 + j] * ((gs if cj is None else cj * gs) - gh))
-        g_o = (w[0].to(g.dtype).unsqueeze(-1) * g) if ctx.needs_input_grad[4] else None
+        g_o = (w[0].to(g.dtype).unsqueeze(-1) * g) if ctx.needs_input_grad[5] else None
         g_s = -torch.stack(g_l).sum(dim=0) / s
         grads, g_q = [], torch.zeros_like(q, dtype=acc)
         for j, (S, cj, t, rho, gl) in enumerate(zip(srcs, gains, ts, rhos, g_l)):
@@ -320,13 +330,13 @@ class Phase2(torch.autograd.Function):
             grads.append(grad)
             g_q = g_q + torch.einsum("bt,btd->d", k_q, S.to(acc))
         g_b = torch.stack([gl.sum() for gl in g_l[1:]]).to(bias.dtype) if bias is not None else None
-        return (None, None, None, None, g_o, None, g_s, g_q.to(q.dtype), g_b, None, None, grads[0], *grads[1:],
+        return (None, None, None, None, None, g_o, None, g_s, g_q.to(q.dtype), g_b, None, None, grads[0], *grads[1:],
                 *(None for _ in updates))
 
 
 def gains(P: Tensor, details: Sequence[Tensor], max_detail_scale: float) -> Tensor | None:
     """c = min(ρ, rms(P)/(rms(D) + ε)) of each detail (K', B, T), detached, in the softmax dtype
-    (:func:`routers.two_phase.merge`'s gain), or None without details."""
+    (:func:`routers.block.phases.merge`'s gain), or None without details."""
     if not details:
         return None
     acc, d = softmax_dtype(P.dtype), P.shape[-1]
@@ -349,14 +359,19 @@ def _distinct(tensors: list[Tensor]) -> list[Tensor]:
 
 def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
           bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor],
-          coefs: int | Tensor, kinds: slice, n_kinds: int = 0) -> Tensor:
-    """:func:`routers.two_phase.merge` through :class:`Phase2`; ``bias`` (K',) of the seen details
-    as there; ``updates``, ``coefs`` (bits of ``n_kinds`` kinds, or a tensor) as :func:`rebuild`
-    takes them, and ``kinds`` the seen detail kinds as a slice."""
+          coefs: int | Tensor, kinds: slice, n_kinds: int = 0, scope: Scope = None) -> Tensor:
+    """:func:`routers.block.phases.merge` through :class:`Phase2`; ``bias`` (K',) of the seen details
+    as there; ``updates`` oldest first and ``coefs`` (bits of ``n_kinds`` kinds, or a tensor) as
+    :func:`rebuild` takes them, and ``kinds`` the seen detail kinds as a slice."""
     c = gains(P, details, max_detail_scale)
     b = None if bias is None or not details else bias
     o, P, *rest = _distinct([o, P, *details, *updates])
     details, updates = rest[:len(details)], rest[len(details):]
     if isinstance(coefs, Tensor):
-        return Phase2.apply(kinds.start, kinds.stop, n_kinds, 0, o, mx, s, q, b, c, coefs, P, *details, *updates)
-    return Phase2.apply(kinds.start, kinds.stop, n_kinds, coefs, o, mx, s, q, b, c, None, P, *details, *updates)
+        return Phase2.apply(kinds.start, kinds.stop, n_kinds, 0, scope, o, mx, s, q, b, c, coefs, P, *details,
+                            *updates)
+    return Phase2.apply(kinds.start, kinds.stop, n_kinds, coefs, scope, o, mx, s, q, b, c, None, P, *details, *updates)
+
+
+#: ``lean``: the two-phase schedule through the Functions above.
+LEAN = Phases(inv_rms, phase1, merge, readout, keeps_updates=True)

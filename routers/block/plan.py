@@ -1,5 +1,6 @@
 """The static plan of a block router (Block AttnRes, arXiv:2603.15031; WAV v1 / HAARES,
-arXiv:2606.06564): every per-slot fact a read or write needs, made once at construction.
+arXiv:2606.06564): every per-slot fact a read or write needs, made once at construction, and
+each slot's **role**, the static key of its read and write (DESIGN.md, "The router contract").
 
 A read never computes an index from host data and never indexes a tensor with a Python list (a
 list index is a pageable host-to-device copy on a GPU, which blocks the host and which CUDA-graph
@@ -20,6 +21,11 @@ capture refuses). What a read needs is therefore, per slot:
   (:func:`coefficient_bits`), which a custom autograd Function takes as a plain argument.
 
 Python work per read is O(1) in the depth: nothing scans the slots at a read.
+
+The two-phase pool is kept newest first: ``C_b, D̃_b…, C_{b−1}, …, C_1, D̃_1…, e`` (and, under the
+layer scope, pads after e). Its kinds repeat with period 1 + K from the front (e sits where a C
+would), so the logit bias of a phase 1 over the first n sources is ``pool_codes[:n]`` whether the
+pool is exact or padded. The naive pool keeps the paper's order, oldest first.
 """
 
 from __future__ import annotations
@@ -89,14 +95,16 @@ class BlockPlan:
         completed: block b → kinds of the two-phase pool when b starts: e, then per completed
             block C and its K details.
         read_kinds: read k (0 .. 2L; 2L is the readout) → kinds of its naive pool.
-        readout_keep: indices of the two-phase pool the readout mixes, and ``readout_kinds``
-            their kinds.
         seen: slot k → the partial detail kinds its read sees (a tuple), ``seen_span`` the same
             as a slice.
         coef_bits: slot k → :func:`coefficient_bits` of the updates before it in its block.
-        read_codes, phase1_codes, readout_codes, padded_codes: slices of :attr:`codes` (or None
-            where no source is a detail): per naive read; per block's phase 1; the two-phase
-            readout; the padded pool of the layer scope (period 1 + K).
+        readout_newest: indices of the exact two-phase pool (newest first) the readout mixes.
+        capacity: sources of a full pool, ``1 + N(1+K)`` (the padded pool's length).
+        coefs: slot k → its update's ±1 coefficient in each detail kind.
+        read_codes: per naive read (its pool, oldest first), a slice of :attr:`codes`, or None
+            where no source is a detail.
+        pool_codes: n → the slice of :attr:`codes` of a two-phase pool of n sources, newest first
+            (period 1 + K), or None where none is a detail.
         codes: the int64 tensor the slices index.
     """
 
@@ -110,6 +118,7 @@ class BlockPlan:
         self.completed = {b: (None,) + per_block * (b - 1) for b in range(1, n_blocks + 2)}
         self.seen = tuple(tuple(r._partial_kinds(s)) if s.pos >= 1 else () for s in slots)
         self.seen_span = tuple(span(seen) for seen in self.seen)
+        self.coefs = tuple(tuple(r._coefficients(s)) for s in slots)
         self.coef_bits = tuple(coefficient_bits([r._coefficients(x) for x in self.blocks[s.block][:s.pos]], K)
                                for s in slots)
         read_kinds = []
@@ -118,11 +127,14 @@ class BlockPlan:
             read_kinds.append(kinds + (((None,) + seen) if s.pos >= 1 else ()))
         readout = (None,) + (per_block if r.readout_details else (None,)) * n_blocks
         self.read_kinds = tuple(read_kinds) + (readout,)
-        # the two-phase pool at the readout: the last block's details exist only with readout_details
-        pool = self.completed[n_blocks] + ((None,) + (tuple(range(K)) if r.readout_details else ()))
-        self.readout_keep = tuple(i for i, k in enumerate(pool) if r.readout_details or k is None)
-        self.readout_kinds = tuple(pool[i] for i in self.readout_keep)
-        capacity = 1 + n_blocks * (1 + K)
+        # the exact two-phase pool at the readout, newest first: the last block's details exist
+        # only with readout_details
+        newest = (None,) + (tuple(range(K)) if r.readout_details else ())
+        for _ in range(n_blocks - 1):
+            newest += per_block
+        newest += (None,)
+        self.readout_newest = tuple(i for i, k in enumerate(newest) if r.readout_details or k is None)
+        self.capacity = 1 + n_blocks * (1 + K)
         flat: list[int] = []
 
         def add(kinds: Kinds) -> slice | None:
@@ -133,7 +145,29 @@ class BlockPlan:
             return slice(start, len(flat))
 
         self.read_codes = tuple(add(kinds) for kinds in self.read_kinds)
-        self.phase1_codes = {b: add(self.completed[b]) for b in self.blocks}
-        self.readout_codes = add(self.readout_kinds)
-        self.padded_codes = add(tuple(None if i % (1 + K) == 0 else i % (1 + K) - 1 for i in range(capacity)))
+        pool = add(tuple(None if i % (1 + K) == 0 else i % (1 + K) - 1 for i in range(self.capacity)))
+        #: n → the slice of :attr:`codes` of a two-phase pool of n sources (None without details)
+        self.pool_codes = {n: None if pool is None or n == 1 else slice(pool.start, pool.start + n)
+                           for n in range(1, self.capacity + 1)}
         self.codes = torch.tensor(flat, dtype=torch.int64)
+        #: (2L, K) float32: c of each slot's update in each detail kind (the layer scope's writes
+        #: take it as a tensor: the role of a slot does not say its position)
+        self.coefficient_table = torch.tensor([list(r._coefficients(s)) for s in slots],
+                                              dtype=torch.float32).reshape(len(slots), K)
+        self.roles = tuple(role(r, s) for s in slots)
+
+
+def role(r, slot) -> tuple:
+    """The static key of ``slot``'s read and write: the schedule, the sublayer kind, whether the
+    slot starts its block (its read has no partial sources), ends it (its write completes the
+    block), ends the last block, and which partial details it sees; then the block length and
+    the next block's (two-phase: the phase-1 rows and the lean register it needs) or the block
+    number (naive: its pool grows by one block at a time). Never the slot's index, so a layer
+    scope compiles one region per role (at most 4·N for naive), not one per slot.
+    """
+    final = slot.index == len(r.slots) - 1
+    nxt = r.slots[slot.index + 1].block_len if slot.last_in_block and not final else 0
+    base = (r.schedule, slot.kind, slot.pos == 0, slot.last_in_block, final, tuple(r._partial_kinds(slot)))
+    if r.schedule == "two_phase":
+        return base + (slot.block_len, nxt)
+    return base + (slot.block,)

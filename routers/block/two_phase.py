@@ -1,0 +1,172 @@
+"""The two-phase schedule of a block router (Attention Residuals, arXiv:2603.15031; ROUTERS.md,
+"Two-phase computation"): the read, write and readout of ``two_phase``, ``lean`` and the peers of
+its phases, over :class:`routers.block.state.TwoPhaseState`, in the contract's form (DESIGN.md,
+"The router contract"): a slot's read and write see its role and the tensors of its params.
+
+- ``init``: e enters the pool with its inverse RMS, and phase 1 of block 1 runs over it.
+- ``read`` at a block start is phase 1's output o_0; later in the block it merges P and the
+  details the slot sees into phase 1's result (phase 2).
+- ``write`` adds u to P and the details; the write that completes a block puts C_b and its
+  RMS-matched details in front of the pool (newest first: under the layer scope the last pads
+  drop off the end, so no index depends on the block) and runs phase 1 of the next block.
+- ``output`` mixes e and every C (every source with ``readout_details``).
+
+The math of the phases is the router's ``phases`` (:class:`routers.block.phases.Phases`): plain
+autograd (``routers/block/phases.py``), the memory-lean Functions (``routers/block/lean.py``) or a
+peer's kernels. Nothing here asks which.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..mixer import softmax_dtype
+from .plan import code_bias, span
+from .state import TwoPhaseState, accumulate, pad
+
+
+def queries(r, rows: int | slice) -> Tensor:
+    """Pseudo-queries of read ``rows`` (an int: (d,); a slice of consecutive reads: (m, d)) with
+    any key gain folded in. A slice is a view: no op, no host data."""
+    q = r.pseudo_query[rows]
+    return q if r.key_gain is None else q * r.key_gain[rows]
+
+
+def _pool_bias(r, bias_rows: Tensor | None, n: int) -> Tensor | None:
+    """(m, n) logit bias of m reads over a pool of n sources from their (m, K) detail-bias rows,
+    or None where no source is a detail."""
+    codes = r.plan.pool_codes[n]
+    return None if bias_rows is None or codes is None else code_bias(bias_rows, r.plan_codes[codes])
+
+
+def init(r, e: Tensor, region: bool) -> TwoPhaseState:
+    """e alone, with phase 1 of block 1 over it (``region``: made for the layer scope, whose
+    :func:`begin` pads it)."""
+    inv = r.phases.inv_rms(e)
+    valid = e.new_ones(1, dtype=torch.bool) if region else None
+    o, mx, s = r.phases.phase1(queries(r, r.plan.rows[1]), None, (e,), (inv,), valid, r.recompute_scope)
+    return TwoPhaseState((e,), (inv,), valid, None, (), o, mx, s)
+
+
+def begin(r, state: TwoPhaseState) -> TwoPhaseState:
+    """The layer scope's pool: padded to ``1 + N(1+K)`` sources (:func:`routers.block.state.pad`)."""
+    return pad(state, r.plan.capacity, r.phases.keeps_updates)
+
+
+def params(r, state: TwoPhaseState, slot, region: bool) -> tuple:
+    """(query (d,), bias of the seen details (K',) or None, coefficients, o, μ, s of phase 1 at
+    the slot's position (at a block start o_0 alone: query, μ and s None), then at a block end the
+    next block's queries (m, d) and detail-bias rows (m, K) (else None, None), then ``lean``'s
+    coefficient bits of the block's earlier updates): views of the parameters and the state, and
+    Python ints of the plan. The coefficients are the plan's Python ±1, or under the layer scope
+    (``region``) a (K,) row of the coefficient table in the state's dtype."""
+    k, plan = slot.index, r.plan
+    seen = plan.seen_span[k]
+    bias = r.detail_bias[k, seen] if seen.stop > seen.start else None
+    coefs = r.coef_table[k].to(state.values[0].dtype) if region else plan.coefs[k]
+    if slot.pos == 0:  # a block start reads o_0 alone
+        rows = (state.block_out[0], None, None)
+    else:
+        rows = (state.block_out[slot.pos], state.block_max[slot.pos], state.block_sum[slot.pos])
+    nxt = (None, None)
+    if slot.last_in_block and k < len(r.slots) - 1:
+        nxt_rows = plan.rows[slot.block + 1]
+        nxt = (queries(r, nxt_rows), r.detail_bias[nxt_rows] if r.detail_kinds else None)
+    q = None if slot.pos == 0 else queries(r, k)
+    return (q, bias, coefs, *rows, *nxt, plan.coef_bits[k])
+
+
+def read(r, state: TwoPhaseState, role: tuple, p: tuple) -> Tensor:
+    """o_0 at a block start, else phase 2: the merge of P and the seen details."""
+    _, _, start, _, _, seen = role[:6]
+    q, bias, _, o, mx, s = p[:6]
+    if start:
+        return o
+    kinds = span(seen)
+    updates, coefs = (), 0
+    if state.updates:  # lean: the block's updates, oldest first, to rebuild P and the details from
+        updates = state.updates[::-1]
+        coefs = p[8] if state.update_coefs is None else state.update_coefs.flip(0)
+    return r.phases.merge(o, mx, s, q, state.partial, list(state.partial_details[kinds]), bias,
+                          r.max_detail_scale, updates, coefs, kinds, r.plan.K, r.recompute_scope)
+
+
+def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
+    """P and the details after ``update``; a completed block goes in front of the pool (its details
+    RMS-matched to P, none for the last block when nothing reads them), and phase 1 of the next
+    block runs over the new pool."""
+    _, _, start, last, final = role[:5]
+    partial, details = accumulate(state.partial, state.partial_details, update, p[2], start)
+    if not last:
+        state = state._replace(partial=partial, partial_details=details)
+        return _keep(state, role, p, update) if r.phases.keeps_updates else state
+    if state.valid is None:
+        values, inv, valid = _complete(r, state, final, partial, details)
+    else:
+        values, inv, valid = _complete_padded(r, state, final, partial, details)
+    if final:
+        return TwoPhaseState(values, inv, valid, None, (), None, None, None, zero=state.zero)
+    o, mx, s = r.phases.phase1(p[6], _pool_bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
+    return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero)
+
+
+def _keep(state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
+    """``lean``: the update joins the block's register (newest first). Under the layer scope the
+    register has the block's length − 1 (pads, views of ``zero``, where no update is yet), with
+    each one's coefficients in ``update_coefs``."""
+    if state.zero is None:
+        return state._replace(updates=(update,) + state.updates)
+    c = p[2].unsqueeze(0)
+    if role[2]:  # a block start: a fresh register, u_0 then pads
+        n = role[6] - 2
+        return state._replace(updates=(update,) + tuple(state.zero.view(state.zero.shape) for _ in range(n)),
+                              update_coefs=torch.cat((c, c.new_zeros(n, c.shape[1]))))
+    return state._replace(updates=(update,) + state.updates[:-1],
+                          update_coefs=torch.cat((c, state.update_coefs[:-1])))
+
+
+def _complete(r, state: TwoPhaseState, final: bool, partial: Tensor, details: tuple) -> tuple:
+    """The exact pool once a block completes: C_b and its matched details in front (the last
+    block's details only with ``readout_details``)."""
+    new = (partial,) if final and not r.readout_details else (partial,) + tuple(r._match(d, partial) for d in details)
+    return new + state.values, tuple(r.phases.inv_rms(v) for v in new) + state.inv_rms, None
+
+
+def _complete_padded(r, state: TwoPhaseState, final: bool, partial: Tensor, details: tuple) -> tuple:
+    """The padded pool once a block completes: its 1 + K sources in front, as many pads off the
+    end (for the last block's details that nobody reads, the dropped pads stay in their place)."""
+    K, acc = r.plan.K, softmax_dtype(partial.dtype)
+    keep = len(state.values) - (1 + K)
+    if final and not r.readout_details:
+        new = (partial,) + state.values[keep:keep + K]
+        new_inv = (r.phases.inv_rms(partial),) + state.inv_rms[keep:keep + K]
+        new_valid = torch.cat((state.valid.new_ones(1), state.valid.new_zeros(K)))
+    else:
+        new = (partial,) + tuple(r._match(d, partial) for d in details)
+        new_inv = tuple(r.phases.inv_rms(v).to(acc) for v in new)
+        new_valid = state.valid.new_ones(1 + K)
+    return (new + state.values[:keep], new_inv + state.inv_rms[:keep],
+            torch.cat((new_valid, state.valid[:keep])))
+
+
+def output_params(r, region: bool) -> tuple:
+    """(readout query (d,), key gain folded in; its detail-bias row (K,) when the readout reads
+    details, else None)."""
+    read = 2 * r.n_layers
+    return queries(r, read), r.detail_bias[read] if r.readout_details and r.detail_kinds else None
+
+
+def output(r, state: TwoPhaseState, p: tuple) -> Tensor:
+    """The readout over e and every C (every source with ``readout_details``): in the padded pool
+    the kinds repeat with period 1 + K, so e and the C's are a strided slice."""
+    q, bias_row = p
+    if state.valid is None:
+        keep = r.plan.readout_newest
+        values, inv, valid = tuple(state.values[i] for i in keep), tuple(state.inv_rms[i] for i in keep), None
+    else:
+        keep = slice(None) if r.readout_details else slice(None, None, 1 + r.plan.K)
+        values, inv, valid = state.values[keep], state.inv_rms[keep], state.valid[keep]
+    if len(values) == 1:
+        return values[0]
+    return r.phases.readout(q, _pool_bias(r, bias_row, len(values)), values, inv, valid, r.recompute_scope)
