@@ -24,8 +24,10 @@ from .registry import register
 
 @register("block_attnres")
 class BlockAttnRes(BlockRouter):
-    """Block Attention Residuals (arXiv:2603.15031, Sec. "Block AttnRes"): the block router with
-    no detail sources (:class:`routers.block.router.BlockRouter`, whose arguments it takes)."""
+    """Block Attention Residuals (arXiv:2603.15031, Sec. "Block AttnRes"), no detail sources.
+
+    The block router of :class:`routers.block.router.BlockRouter`, whose arguments it takes.
+    """
 
 
 @register("full_attnres")

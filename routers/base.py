@@ -1,14 +1,18 @@
 """The router contract (DESIGN.md, "The router contract") and the block layout rule.
 
 Sublayers are indexed k = 0 .. 2L-1, attention at even k and MLP at odd k (ROUTERS.md). A router
-is written once, in one form that every backend and compile scope runs (:func:`route` is the
-loop, which the decoder runs with its sublayers)::
+is written once, in one form that every backend and compile scope runs. The loop (:func:`route`;
+``workloads.decoder.Decoder.forward`` runs the same with its sublayers)::
 
     s = r.init_state(e)
     for slot, f in zip(r.slots, sublayers):
         role, p = r.role(slot), r.params(s, slot)
         s = r.write(s, role, p, f(r.read(s, role, p)))
     h_out = r.output(s, r.output_params())
+
+Under the layer compile scope the decoder also passes ``region=True`` to ``init_state``,
+``params`` and ``output_params``, calls :meth:`Router.begin` once after ``init_state``, and packs
+the state across each region's boundary (:meth:`Router.pack`, :meth:`Router.unpack`).
 
 A slot's **role** is static (Python constants) and never its index; its **params** are the
 tensors that vary per slot (slices of stacked parameters, rows of the state) and Python ints of
@@ -108,9 +112,11 @@ def single_block_slots(n_layers: int) -> tuple[Slot, ...]:
 class Router(nn.Module, abc.ABC):
     """Base class of every residual router (the module doc's contract).
 
-    Subclasses set ``self.slots`` in ``__init__`` and implement :meth:`init_state`, :meth:`read`,
-    :meth:`write` and :meth:`output`, and where a slot's read or write needs more than the state,
-    :meth:`role` and :meth:`params`. Options are keyword-only arguments of ``__init__`` with
+    Subclasses implement :meth:`init_state`, :meth:`read`, :meth:`write`, :meth:`output` and the
+    three cost models (:meth:`analytic_fwd_flops`, :meth:`live_state_bytes`,
+    :meth:`ideal_io_per_token`), and where a slot's read or write needs more than the state,
+    :meth:`role` and :meth:`params`. ``self.slots`` defaults to one block of all 2L sublayers; a
+    block router sets its own layout in ``__init__``. Options are keyword-only arguments of ``__init__`` with
     defaults (``routerbench list`` reads them from the signature).
 
     Args:
@@ -142,8 +148,9 @@ class Router(nn.Module, abc.ABC):
 
     def role(self, slot: Slot) -> tuple:
         """The static key of ``slot``'s read and write: hashable Python constants, never the
-        slot's index (the layer scope compiles one region per role; the sublayer's kind is added
-        by the decoder). Default: ``()``, the same at every slot."""
+        slot's index. The layer scope compiles one region per (sublayer kind, *role); ``read``
+        and ``write`` get the role itself, without the kind. Default: ``()``, the same at every
+        slot."""
         return ()
 
     def params(self, state: Any, slot: Slot, region: bool = False) -> tuple:

@@ -1,6 +1,6 @@
-"""The cost models and measured costs of every router × impl, held to the values they had before
-the routers were rewritten in one form (issue 39): a change of how a router is written must not
-move what it costs.
+"""The cost models and measured costs of every router × impl, held to the values they had when
+they were recorded: a change of how a router is written must not move what it costs. They were
+first recorded before the routers were rewritten in one form (issue 39).
 
 Per router × impl (ours, default options) at two shapes: analytic forward FLOP, live router state
 (float32 and bfloat16), ideal I/O per token and sublayer, measured traffic per token and sublayer,
@@ -8,8 +8,13 @@ the saved activations of one decoder forward, and the layer scope's region count
 layers. Compared with ``tests/golden/router_costs.json``. One figure moved, on purpose: the
 measured traffic of ``dhc`` and ``mhc`` (48.75 → 48.41 and 139.10 → 139.07 units of d at the
 first shape), whose eager read and write each built the next sublayer's parameters (a
-``torch.cat``) before the one form; a slot's params are now made once, for both. Regenerate only after a change that is
-meant to move a cost, and read the diff::
+``torch.cat``) before the one form; a slot's params are now made once, for both.
+
+A new router (or impl) records its own entry, leaving every other as it is::
+
+    .venv/bin/python tests/test_router_costs.py --add
+
+Rewrite them all only after a change that is meant to move a cost, and read the diff::
 
     .venv/bin/python tests/test_router_costs.py > tests/golden/router_costs.json
 """
@@ -68,14 +73,23 @@ def costs(name: str, impl: str) -> dict:
 def test_costs_equal_the_values_before_the_one_form(name: str, impl: str) -> None:
     golden = json.loads(GOLDEN.read_text())
     key = f"{name}/{impl}"
-    assert key in golden, f"{key} has no recorded costs; regenerate {GOLDEN.name} (module doc)"
+    assert key in golden, (f"{key} has no recorded costs: record them with "
+                           "`.venv/bin/python tests/test_router_costs.py --add` (the others stay as they are)")
     assert costs(name, impl) == golden[key]
 
 
 def test_the_snapshot_covers_every_router_and_impl() -> None:
     golden = json.loads(GOLDEN.read_text())
-    assert sorted(golden) == sorted(f"{n}/{i}" for n, i in cases())
+    assert sorted(golden) == sorted(f"{n}/{i}" for n, i in cases()), \
+        "a router or impl was added or removed: `.venv/bin/python tests/test_router_costs.py --add` (module doc)"
 
 
 if __name__ == "__main__":
-    print(json.dumps({f"{n}/{i}": costs(n, i) for n, i in cases()}, indent=1, sort_keys=True))
+    import sys
+    if sys.argv[1:] == ["--add"]:  # record the missing entries, drop the removed ones, keep the rest
+        old = json.loads(GOLDEN.read_text())
+        new = {f"{n}/{i}": old.get(f"{n}/{i}") or costs(n, i) for n, i in cases()}
+        GOLDEN.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
+        print(f"{GOLDEN}: added {sorted(set(new) - set(old))}, dropped {sorted(set(old) - set(new))}")
+    else:
+        print(json.dumps({f"{n}/{i}": costs(n, i) for n, i in cases()}, indent=1, sort_keys=True))

@@ -158,12 +158,18 @@ class BlockPlan:
 
 
 def role(r, slot) -> tuple:
-    """The static key of ``slot``'s read and write: the schedule, the sublayer kind, whether the
-    slot starts its block (its read has no partial sources), ends it (its write completes the
-    block), ends the last block, and which partial details it sees; then the block length and
-    the next block's (two-phase: the phase-1 rows and the lean register it needs) or the block
-    number (naive: its pool grows by one block at a time). Never the slot's index, so a layer
-    scope compiles one region per role (at most 4·N for naive), not one per slot.
+    """The static key of ``slot``'s read and write, never the slot's index, so a layer scope
+    compiles one region per role (at most 4·N for naive), not one per slot. By position:
+
+    0. the schedule (``"naive"`` or ``"two_phase"``);
+    1. the sublayer kind (``"attn"``, ``"mlp"``);
+    2. ``start``: the slot starts its block (its read has no partial sources);
+    3. ``last``: it ends its block (its write completes the block);
+    4. ``final``: it ends the last block;
+    5. ``seen``: the partial detail kinds its read sees (a tuple of detail indices);
+    6. two-phase: the block's length (the phase-1 rows and lean's register of updates);
+       naive: the block number (its pool grows by one block at a time);
+    7. two-phase only: the next block's length at a block end, else 0.
     """
     final = slot.index == len(r.slots) - 1
     nxt = r.slots[slot.index + 1].block_len if slot.last_in_block and not final else 0

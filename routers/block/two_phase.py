@@ -117,9 +117,9 @@ def _keep(state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPha
     each one's coefficients in ``update_coefs``."""
     if state.zero is None:
         return state._replace(updates=(update,) + state.updates)
-    c = p[2].unsqueeze(0)
-    if role[2]:  # a block start: a fresh register, u_0 then pads
-        n = role[6] - 2
+    c, start, block_len = p[2].unsqueeze(0), role[2], role[6]
+    if start:  # a fresh register of block_len − 1: u_0, then pads
+        n = block_len - 2
         return state._replace(updates=(update,) + tuple(state.zero.view(state.zero.shape) for _ in range(n)),
                               update_coefs=torch.cat((c, c.new_zeros(n, c.shape[1]))))
     return state._replace(updates=(update,) + state.updates[:-1],
