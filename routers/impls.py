@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import pkgutil
 from dataclasses import dataclass, field
@@ -302,6 +303,26 @@ register(Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase",
 register(Impl("lean", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",
               conventions=_builtin_note + ": the two-phase schedule with a backward that keeps each "
               "source once and a few float32 statistics per token (routers/block/lean.py)", builtin=True))
+
+
+
+def _fused_reason() -> str | None:
+    """None when Triton imports and CUDA is here or Triton's interpreter is on, else why not."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed: pip install -e '.[kernels]' in the checkout (make test-kernels does)"
+    import torch
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return ("impl fused: no CUDA device here (Triton kernels: set TRITON_INTERPRET=1 to run them on CPU "
+            "through Triton's interpreter, slowly, at test sizes)")
+
+
+register(Impl("fused", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",
+              devices=("cuda",), dtypes=("float32", "bfloat16"), probe=_fused_reason, interpretable=True,
+              conventions=_builtin_note + ": the two-phase schedule in Triton kernels (routers/block/"
+              "fused_kernels.py) as torch.library custom ops: the inverse RMS of a source, phase 1 over the "
+              "pool passed as a tuple of pointers, phase 2's merge; float32 accumulation, no TF32; the "
+              "backward recomputes from the sources, the block's updates and float32 statistics", builtin=True))
 
 _peers_loaded = False
 

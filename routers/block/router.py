@@ -25,9 +25,13 @@ from ..base import Router, Slot, block_layout
 from ..errors import ConfigError
 from . import naive, two_phase
 from .costs import BlockCosts
+from .fused import FUSED
 from .lean import LEAN
 from .phases import PLAIN, Phases, inv_rms, readout
 from .plan import BlockPlan
+
+#: the built-in implementations of the two-phase math (``routers/impls.py`` registers their names)
+BUILTIN_PHASES: dict[str, Phases] = {"two_phase": PLAIN, "lean": LEAN, "fused": FUSED}
 
 
 class BlockRouter(BlockCosts, Router):
@@ -81,8 +85,8 @@ class BlockRouter(BlockCosts, Router):
         #: schedule), or None
         self.peer_kernel, self.peer_mix = not spec.builtin, spec.mix
         #: the two-phase math: lean's Functions, a peer's phases, or plain autograd
-        self.phases = LEAN if spec.backward == "recompute" else PLAIN if spec.phases is None else \
-            Phases(inv_rms, *spec.phases, readout)
+        self.phases = BUILTIN_PHASES[impl] if spec.builtin and impl in BUILTIN_PHASES else \
+            Phases(inv_rms, *spec.phases, readout) if spec.phases is not None else PLAIN
         self.block_unit = block_unit
         self.slots = block_layout(n_layers, n_blocks, block_unit)
         self.n_blocks = self.slots[-1].block

@@ -1,0 +1,282 @@
+"""Triton kernels of the ``fused`` two-phase schedule (Attention Residuals, arXiv:2603.15031;
+WAV v1 / HAARES, arXiv:2606.06564): the inverse RMS of a source, phase 2 (the online merge of one
+read) and phase 1 (a block's m pseudo-queries over the completed pool), each forward and backward.
+
+``routers/block/fused.py`` launches them as ``torch.library`` custom ops; this module imports
+Triton at import and is loaded only by those launches and by the tests.
+
+Conventions of every kernel:
+
+- a token row is one (d,) row of a contiguous (B, T, d) tensor, R = B·T rows; offsets are int64;
+- the pool's sources and a block's updates come as a tuple of pointers (one specialisation per
+  tuple length), never stacked into one tensor (a stack would cost a write and a read of the pool);
+- loads are converted to float32 and every dot, norm and softmax statistic accumulates in float32
+  (row-wise products and ``tl.sum``, no ``tl.dot``: no TF32 on any device); outputs are stored in
+  their tensor's dtype;
+- a logit of a pad (``valid`` 0) is −inf, and a row whose every logit is −inf gives o = 0, μ = −inf,
+  s = 0 and zero gradients, never NaN (the max is replaced by 0 where it is −inf);
+- a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage: each program writes its partial
+  sum over its rows and the launcher sums the partials, no atomics (the autotuner re-runs a
+  kernel, and an atomic would add twice).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def inv_rms_fwd(v, r, R, d, eps, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """r[row] = rsqrt(mean(v[row]²) + eps) for BLOCK_R rows of v (R, d)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < R)[:, None] & (cols < d)[None, :]
+    x = tl.load(v + rows[:, None] * d + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(r + rows, tl.rsqrt(tl.sum(x * x, axis=1) / d + eps), mask=rows < R)
+
+
+@triton.jit
+def inv_rms_bwd(v, r, g, gv, R, d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """gv = −g·r³·v/d (the gradient of :func:`inv_rms_fwd`, from v and the saved r)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    live = rows < R
+    mask = live[:, None] & (cols < d)[None, :]
+    offs = rows[:, None] * d + cols[None, :]
+    x = tl.load(v + offs, mask=mask, other=0.0).to(tl.float32)
+    rr = tl.load(r + rows, mask=live, other=0.0)
+    coef = -tl.load(g + rows, mask=live, other=0.0) * rr * rr * rr / d
+    tl.store(gv + offs, (coef[:, None] * x).to(gv.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _details(details, row, d, cols, cm, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The K detail rows of token ``row`` as one (BLOCK_K, BLOCK_D) float32 tile (zero rows past K)."""
+    kk = tl.arange(0, BLOCK_K)
+    tile = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
+    for j in tl.static_range(K):
+        x = tl.load(details[j] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+        tile = tl.where(kk[:, None] == j, x[None, :], tile)
+    return tile
+
+
+@triton.jit
+def _merge_weights(qv, Pv, Dt, mu, sv, bias, d, eps, max_scale, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """Phase 2's softmax over (o, P, c·D) of one token: returns the weights w_o, w_P (scalars) and
+    w_D (BLOCK_K,), the gains c, the dots t_P = q·P and t_D = q·D, r_P = rsqrt(mean P² + ε) and
+    ρ_D = rsqrt(c²·mean D² + ε)."""
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < K
+    ms_p = tl.sum(Pv * Pv, axis=0) / d
+    r_p = tl.rsqrt(ms_p + eps)
+    t_p = tl.sum(qv * Pv, axis=0)
+    l_p = t_p * r_p
+    lse = mu + tl.log(sv)
+    ms_d = tl.sum(Dt * Dt, axis=1) / d
+    c = tl.minimum(tl.sqrt(ms_p) / (tl.sqrt(ms_d) + eps), max_scale)
+    rho = tl.rsqrt(c * c * ms_d + eps)
+    t_d = tl.sum(qv[None, :] * Dt, axis=1)
+    l_d = c * t_d * rho
+    if HAS_BIAS:
+        l_d += tl.load(bias + kk, mask=km, other=0.0).to(tl.float32)
+    l_d = tl.where(km, l_d, NEG_INF)
+    top = tl.maximum(tl.maximum(lse, l_p), tl.max(l_d, axis=0))
+    a_o = tl.exp(lse - top)
+    a_p = tl.exp(l_p - top)
+    a_d = tl.exp(l_d - top)
+    z = a_o + a_p + tl.sum(a_d, axis=0)
+    return a_o / z, a_p / z, a_d / z, c, t_p, t_d, r_p, rho
+
+
+@triton.jit
+def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, K: tl.constexpr,
+               HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """h = w_o·o + w_P·P + Σ_j w_j·c_j·D_j for one token row (the merge of
+    ``routers.block.phases.merge``: o's logit is phase 1's log-sum-exp μ + log s)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    cm = cols < d
+    qv = tl.load(q + cols, mask=cm, other=0.0).to(tl.float32)
+    Pv = tl.load(P + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+    ov = tl.load(o + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+    Dt = _details(details, row, d, cols, cm, K, BLOCK_K, BLOCK_D)
+    w_o, w_p, w_d, c, _, _, _, _ = _merge_weights(qv, Pv, Dt, tl.load(mx + row), tl.load(s + row), bias, d, eps,
+                                                  max_scale, K, HAS_BIAS, BLOCK_K)
+    out = w_o * ov + w_p * Pv + tl.sum((w_d * c)[:, None] * Dt, axis=0)
+    tl.store(h + row * d + cols, out.to(h.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq_part, gb_part,
+               R, d, eps, max_scale, rows_per_prog, K: tl.constexpr, U: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows: P and the details are
+    rebuilt from the block's updates u_0 … u_{p−1} (oldest first) by the forward's own sums, each
+    rounded to the updates' dtype (coefficient of update i in detail kind k_lo + j: bit
+    i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). With every weight w:
+    gℓ_S = w_S(g·S − g·h) for S = P, c·D; ∂/∂o = w_o·g; ∂/∂s = −Σ gℓ / s; ∂/∂S = w_S·g + k_q·q + k_s·S
+    with k_q = gℓ·c·ρ and k_s = −k_q·c²·t·ρ²/d. ∂/∂q and ∂/∂bias: this program's partial sums."""
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    cm = cols < d
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < K
+    qv = tl.load(q + cols, mask=cm, other=0.0).to(tl.float32)
+    gq = tl.zeros((BLOCK_D,), tl.float32)
+    gb = tl.zeros((BLOCK_K,), tl.float32)
+    for t in range(0, rows_per_prog):
+        row = pid * rows_per_prog + t
+        live = row < R
+        lm = cm & live
+        u0 = tl.load(updates[0] + row * d + cols, mask=lm, other=0.0)
+        Pv = u0
+        Dt = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
+        for i in tl.static_range(U):
+            if i > 0:
+                u = tl.load(updates[i] + row * d + cols, mask=lm, other=0.0)
+                Pv = (Pv.to(tl.float32) + u.to(tl.float32)).to(u0.dtype)
+            else:
+                u = u0
+            if HAS_COEF_T:
+                ci = tl.load(coef_t + i * n_kinds + k_lo + kk, mask=km, other=0.0).to(tl.float32)
+            else:
+                ci = tl.where(((bits >> (i * n_kinds + k_lo + kk)) & 1) == 1, 1.0, -1.0)
+            Dt = (Dt + ci[:, None] * u.to(tl.float32)[None, :]).to(u0.dtype).to(tl.float32)
+        Pv = Pv.to(tl.float32)
+        mu = tl.load(mx + row, mask=live, other=0.0)
+        sv = tl.load(s + row, mask=live, other=1.0)
+        w_o, w_p, w_d, c, t_p, t_d, r_p, rho = _merge_weights(qv, Pv, Dt, mu, sv, bias, d, eps, max_scale, K,
+                                                              HAS_BIAS, BLOCK_K)
+        gv = tl.load(g + row * d + cols, mask=lm, other=0.0).to(tl.float32)
+        gh = tl.sum(gv * tl.load(h + row * d + cols, mask=lm, other=0.0).to(tl.float32), axis=0)
+        gl_p = w_p * (tl.sum(gv * Pv, axis=0) - gh)
+        gl_d = tl.where(km, w_d * (c * tl.sum(gv[None, :] * Dt, axis=1) - gh), 0.0)
+        tl.store(g_o + row * d + cols, (w_o * gv).to(g_o.dtype.element_ty), mask=lm)
+        tl.store(g_s + row, -(gl_p + tl.sum(gl_d, axis=0)) / sv, mask=live)
+        kq_p = gl_p * r_p
+        ks_p = -kq_p * t_p * r_p * r_p / d
+        tl.store(g_p + row * d + cols, (w_p * gv + kq_p * qv + ks_p * Pv).to(g_p.dtype.element_ty), mask=lm)
+        kq_d = gl_d * c * rho
+        ks_d = -kq_d * c * c * t_d * rho * rho / d
+        gd = (w_d * c)[:, None] * gv[None, :] + kq_d[:, None] * qv[None, :] + ks_d[:, None] * Dt
+        tl.store(g_d + kk[:, None].to(tl.int64) * R * d + row * d + cols[None, :], gd.to(g_d.dtype.element_ty),
+                 mask=km[:, None] & lm[None, :])
+        gq += kq_p * Pv + tl.sum(kq_d[:, None] * Dt, axis=0)
+        gb += gl_d
+    tl.store(gq_part + pid * d + cols, gq, mask=cm)
+    if HAS_BIAS:
+        tl.store(gb_part + pid * BLOCK_K + kk, gb)
+
+
+@triton.jit
+def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr):
+    """Logits (BLOCK_M,) of the m queries Q over source i: (q·v)·r + bias[m, i], −inf for a pad;
+    also the raw dots q·v."""
+    dot = tl.sum(Q * v[None, :], axis=1)
+    logit = dot * rr
+    if HAS_BIAS:
+        logit += tl.load(bias + mi * N + i, mask=mm, other=0.0).to(tl.float32)
+    if HAS_VALID:
+        logit = tl.where(tl.load(valid + i) != 0, logit, NEG_INF)
+    return logit, dot
+
+
+@triton.jit
+def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, N: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """m = n_q queries q (m, d) over the N sources of one token row, by online softmax in one pass
+    over the sources: o_i (query 0 into o0 (R, d), the rest into o_rest (m − 1, R, d), unless
+    ``WRITE_O`` is off), μ_i the max and s_i the sum of exp(logit − μ_i) into mx, s (m, R)."""
+    row = tl.program_id(0).to(tl.int64)
+    mi = tl.arange(0, BLOCK_M).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mm = mi < n_q
+    cm = cols < d
+    Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    m_run = tl.full((BLOCK_M,), NEG_INF, tl.float32)
+    s_run = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for i in tl.static_range(N):
+        v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+        logit, _ = _logits(Q, v, tl.load(inv[i] + row), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        m_new = tl.maximum(m_run, logit)
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.exp(m_run - m_safe)
+        p = tl.exp(logit - m_safe)
+        s_run = s_run * alpha + p
+        if WRITE_O:
+            acc = acc * alpha[:, None] + p[:, None] * v[None, :]
+        m_run = m_new
+    tl.store(mx + mi * R + row, m_run, mask=mm)
+    tl.store(s + mi * R + row, s_run, mask=mm)
+    if WRITE_O:
+        out = acc / tl.where(s_run == 0.0, 1.0, s_run)[:, None]
+        first = mi[:, None] == 0
+        ptr = tl.where(first, o0 + row * d + cols[None, :], o_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
+        tl.store(ptr, out.to(o0.dtype.element_ty), mask=mm[:, None] & cm[None, :])
+
+
+@triton.jit
+def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_v, g_r, gq_part, gb_part,
+               R, d, n_q, rows_per_prog, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
+               HAS_GO: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """The gradient of :func:`phase1_fwd` over ``rows_per_prog`` rows, recomputed from the sources,
+    their inverse RMS and the float32 μ, s: β = exp(ℓ − μ)/s, gℓ = β(g_o·V − Σβ g_o·V) + β·s·g_s;
+    ∂/∂V_i = Σ_m β g_o + (gℓ·r) q into g_v[i] (N, R, d), ∂/∂r_i = Σ_m gℓ·(q·V_i) into g_r (N, R);
+    ∂/∂q = Σ (gℓ·r) V and ∂/∂bias = Σ gℓ: this program's partial sums."""
+    pid = tl.program_id(0).to(tl.int64)
+    mi = tl.arange(0, BLOCK_M).to(tl.int64)
+    ni = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    mm = mi < n_q
+    cm = cols < d
+    Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    gq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    gb = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for t in range(0, rows_per_prog):
+        row = pid * rows_per_prog + t
+        live = row < R
+        lm = cm & live
+        mu = tl.load(mx + mi * R + row, mask=mm & live, other=0.0)
+        mu = tl.where(mu == NEG_INF, 0.0, mu)
+        sv = tl.load(s + mi * R + row, mask=mm & live, other=1.0)
+        s_safe = tl.where(sv == 0.0, 1.0, sv)
+        if HAS_GS:
+            gs = tl.load(g_s + mi * R + row, mask=mm & live, other=0.0)
+        else:
+            gs = tl.zeros((BLOCK_M,), tl.float32)
+        if HAS_GO:
+            first = mi[:, None] == 0
+            gptr = tl.where(first, g_o0 + row * d + cols[None, :],
+                            g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
+            G = tl.load(gptr, mask=mm[:, None] & lm[None, :], other=0.0).to(tl.float32)
+            dsum = tl.zeros((BLOCK_M,), tl.float32)
+            for i in tl.static_range(N):
+                v = tl.load(values[i] + row * d + cols, mask=lm, other=0.0).to(tl.float32)
+                logit, _ = _logits(Q, v, tl.load(inv[i] + row, mask=live, other=0.0), bias, valid, mi, mm, i,
+                                   N, HAS_BIAS, HAS_VALID)
+                dsum += tl.exp(logit - mu) / s_safe * tl.sum(G * v[None, :], axis=1)
+        for i in tl.static_range(N):
+            v = tl.load(values[i] + row * d + cols, mask=lm, other=0.0).to(tl.float32)
+            rr = tl.load(inv[i] + row, mask=live, other=0.0)
+            logit, dot = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+            beta = tl.where(mm & live, tl.exp(logit - mu) / s_safe, 0.0)
+            gl = beta * sv * gs
+            if HAS_GO:
+                gl += beta * (tl.sum(G * v[None, :], axis=1) - dsum)
+                gv = tl.sum(beta[:, None] * G + (gl * rr)[:, None] * Q, axis=0)
+            else:
+                gv = tl.sum((gl * rr)[:, None] * Q, axis=0)
+            tl.store(g_v + i * R * d + row * d + cols, gv.to(g_v.dtype.element_ty), mask=lm)
+            tl.store(g_r + i * R + row, tl.sum(gl * dot, axis=0), mask=live)
+            gq += (gl * rr)[:, None] * v[None, :]
+            gb = tl.where(ni[None, :] == i, gb + gl[:, None], gb)
+    tl.store(gq_part + pid * n_q * d + mi[:, None] * d + cols[None, :], gq, mask=mm[:, None] & cm[None, :])
+    if HAS_BIAS:
+        tl.store(gb_part + pid * n_q * N + mi[:, None] * N + ni[None, :], gb, mask=mm[:, None] & (ni < N)[None, :])

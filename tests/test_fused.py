@@ -1,0 +1,208 @@
+"""The ``fused`` impl (routers/block/fused.py, routers/block/fused_kernels.py) under Triton's
+interpreter: every router's output and every gradient equal ``naive``'s, its custom ops pass
+``torch.library.opcheck``, and planted kernel bugs fail the phase check.
+
+Runs where a CUDA device is, or on CPU with ``TRITON_INTERPRET=1`` (``make test-kernels``);
+elsewhere it skips naming that command. Tolerances are harness/sweep/parity.py's: float32 within
+1e-4 of naive relative to each quantity's norm; in bfloat16 fused and two_phase are both judged
+against naive in float64 on the same values, and fused may err by twice two_phase's bfloat16 error
+plus 8e-3.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed: make test-kernels installs the kernels extra and runs these",
+                allow_module_level=True)
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA device and TRITON_INTERPRET is not 1: make test-kernels runs these under "
+                "Triton's interpreter", allow_module_level=True)
+
+from routers import build_router, impls, route  # noqa: E402
+from routers.block import fused, phases  # noqa: E402
+from routers.block.plan import coefficient_bits  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DETAILS = {"block_attnres": 0, "haares": 1, "wav_v1": 2}
+B, T, D = 2, 3, 16
+
+
+def _build(name: str, dtype: torch.dtype, impl: str, layers: int, blocks: int, details: bool) -> torch.nn.Module:
+    opts = {}
+    if DETAILS[name]:
+        opts = {"readout_details": True} if details else {"partial_details": "never"}
+    r = build_router(name, D, layers, n_blocks=blocks, impl=impl, key_norm_gain=True, **opts)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in r.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return r.to(device=DEVICE, dtype=dtype)
+
+
+def _run(r, dtype: torch.dtype, region: bool) -> dict[str, torch.Tensor]:
+    """Output and the gradients of e, every sublayer output and every router parameter, with
+    u = tanh(h W_k) per slot; ``region``: the layer scope's padded pool, driven eagerly."""
+    g = torch.Generator().manual_seed(2)
+    e = torch.randn(B, T, D, generator=g).to(DEVICE, dtype).requires_grad_()
+    weights = [(torch.randn(D, D, generator=g) / math.sqrt(D)).to(DEVICE, dtype) for _ in r.slots]
+    us = []
+
+    def sublayer(slot, h):
+        u = torch.tanh(h @ weights[slot.index])
+        u.retain_grad()
+        us.append(u)
+        return u
+    if region:
+        state = r.begin(r.init_state(e, region=True))
+        for slot in r.slots:
+            role, p = r.role(slot), r.params(state, slot, region=True)
+            state = r.write(state, role, p, sublayer(slot, r.read(state, role, p)))
+        out = r.output(state, r.output_params(region=True))
+    else:
+        out = route(r, e, sublayer)[1]
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE, dtype)
+    (out.float() * w.float()).sum().backward()
+    got = {"output": out.detach(), "embedding": e.grad}
+    got.update({f"u{i}": u.grad for i, u in enumerate(us)})
+    got.update({n: p.grad for n, p in r.named_parameters()})
+    return got
+
+
+def _errors(ref: dict, got: dict) -> dict[str, float]:
+    return {k: float((got[k].double() - ref[k].double()).norm() / ref[k].double().norm().clamp_min(1e-30))
+            for k in ref}
+
+
+#: (layers, blocks): partial and completed blocks of equal and unequal lengths
+SHAPES = [(4, 2), (3, 2)]
+
+
+@pytest.mark.parametrize("region", [False, True], ids=["exact_pool", "padded_pool"])
+@pytest.mark.parametrize("details", [True, False], ids=["details", "no_details"])
+@pytest.mark.parametrize("name", sorted(DETAILS))
+def test_fused_equals_naive_in_float32(name, details, region):
+    if not DETAILS[name] and not details:
+        pytest.skip("block_attnres has no details to turn off")
+    for layers, blocks in SHAPES:
+        ref = _run(_build(name, torch.float32, "naive", layers, blocks, details), torch.float32, False)
+        got = _run(_build(name, torch.float32, "fused", layers, blocks, details), torch.float32, region)
+        assert set(got) == set(ref)
+        errs = _errors(ref, got)
+        worst = max(errs, key=errs.get)
+        assert errs[worst] < 1e-4, (layers, blocks, worst, errs[worst])
+
+
+@pytest.mark.parametrize("name", sorted(DETAILS))
+def test_fused_bfloat16_within_the_parity_rule(name):
+    """bfloat16: fused's error against naive in float64 is at most twice two_phase's plus 8e-3."""
+    ref = _run(_build(name, torch.float64, "naive", 4, 2, True), torch.float64, False)
+    ours = _errors(ref, _run(_build(name, torch.bfloat16, "two_phase", 4, 2, True), torch.bfloat16, False))
+    got = _errors(ref, _run(_build(name, torch.bfloat16, "fused", 4, 2, True), torch.bfloat16, False))
+    for k in ref:
+        assert got[k] <= 2 * ours[k] + 8e-3, (k, got[k], ours[k])
+
+
+def test_fused_is_registered_with_its_routers_and_dtypes():
+    impl = impls.get("fused")
+    assert impl.routers == ("block_attnres", "haares", "wav_v1") and impl.schedule == "two_phase"
+    assert impl.dtypes == ("float32", "bfloat16") and impl.opaque
+    assert impl.unavailable_reason(DEVICE, "float32", "fwd_bwd") is None
+    assert "float16" in impl.unavailable_reason(DEVICE, "float16", "fwd_bwd")
+    r = build_router("haares", D, 4, n_blocks=2, impl="fused")
+    assert r.phases is fused.FUSED and r.phases.keeps_updates
+
+
+# --- opcheck ---------------------------------------------------------------------------------
+def _phase_inputs(dtype=torch.float32, n=3, m=2, K=2, p=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g).to(DEVICE, dtype)  # noqa: E731
+    values = [mk(B, T, D) for _ in range(n)]
+    inv = [phases.inv_rms(v).float() for v in values]
+    updates = [mk(B, T, D) for _ in range(p)]
+    bits = coefficient_bits([(1, 1)[:K], (-1, 1)[:K], (1, -1)[:K]][:p], K)
+    P = sum(updates)
+    details = [sum(u * (1 if (bits >> (i * K + j)) & 1 else -1) for i, u in enumerate(updates)) for j in range(K)]
+    q = mk(m, D)
+    return dict(values=values, inv=inv, q=q, bias=mk(m, n), updates=updates, bits=bits, P=P, details=details,
+                dbias=mk(K) if K else None)
+
+
+def test_custom_ops_pass_opcheck():
+    x = _phase_inputs()
+    for t in x["values"] + [x["q"]] + x["updates"]:
+        t.requires_grad_()
+    x["bias"].requires_grad_()
+    torch.library.opcheck(fused.inv_rms_op, (x["values"][0], 1e-6))
+    torch.library.opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], x["bias"], None, True))
+    torch.library.opcheck(fused.phase1_op, (x["values"][:1], x["inv"][:1], x["q"], None, None, False))
+    valid = torch.tensor([True, True, False], device=DEVICE)
+    torch.library.opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], None, valid, True))
+    o, _, mx, s = fused.phase1_op(x["values"], x["inv"], x["q"].detach(), None, None, True)
+    mx, s = mx[0].detach(), s[0]
+    torch.library.opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], x["details"], x["dbias"], x["updates"],
+                                            None, x["bits"], 0, 2, 4.0))
+    torch.library.opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
+
+
+# --- planted kernel bugs ---------------------------------------------------------------------
+KERNELS = Path(fused.__file__).with_name("fused_kernels.py")
+#: a planted bug → (the kernel line it changes, its replacement)
+PLANTED = {
+    "a dropped source": ("    for i in tl.static_range(N):\n        v = tl.load(values[i] + row * d + cols, mask=cm,",
+                         "    for i in tl.static_range(N - 1):\n        v = tl.load(values[i] + row * d + cols, mask=cm,"),
+    "a detail without its bias": ("        l_d += tl.load(bias + kk,", "        l_d += 0.0 * tl.load(bias + kk,"),
+    "a max not subtracted": ("        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)", "        m_safe = 0.0 * m_new"),
+}
+
+
+def _mutant(name: str, tmp_path: Path):
+    """A copy of the kernels module with one planted bug (Triton reads a kernel's source from its file)."""
+    old, new = PLANTED[name]
+    src = KERNELS.read_text()
+    assert src.count(old) == 1, f"the planted bug {name!r} no longer matches the kernels"
+    path = tmp_path / f"planted_{abs(hash(name))}.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def phase_error(mod) -> float:
+    """The worst relative error of the kernels of ``mod`` against the plain phases, over phase 1
+    (o, μ, s, with logits large enough that an unshifted exponential overflows float32) and
+    phase 2 with two detail kinds and their biases."""
+    x = _phase_inputs(K=2, p=3)
+    q = x["q"] * 40.0
+    inv = [fused.run_inv_rms(mod, v) for v in x["values"]]
+    got = fused.run_phase1(mod, x["values"], inv, q, x["bias"], None, True)
+    o_ref, mx_ref, s_ref = phases.phase1(q, x["bias"], x["values"], x["inv"], None)
+    o_got = torch.cat((got[0][None], got[1]))
+    errs = [float((a - b).norm() / b.norm()) for a, b in ((o_got, o_ref), (got[2], mx_ref), (got[3], s_ref))]
+    errs.append(float((torch.stack(inv) - torch.stack(x["inv"])).norm() / torch.stack(x["inv"]).norm()))
+    o, mx, s = (t[1].contiguous() for t in (o_ref, mx_ref, s_ref))
+    mx = mx - 4.0  # o's weight lowered, so that the details' weights are not negligible
+    dbias = torch.tensor([1.5, -2.0], device=DEVICE)  # -2: the detail bias's initial value
+    h = fused.run_phase2(mod, o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
+    h_ref = phases.merge(o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
+    errs.append(float((h - h_ref).norm() / h_ref.norm()))
+    return max(math.inf if math.isnan(e) else e for e in errs)
+
+
+def test_the_kernels_pass_the_phase_check():
+    assert phase_error(fused.kernels()) < 1e-5
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_a_planted_kernel_bug_fails_the_phase_check(bug, tmp_path):
+    assert phase_error(_mutant(bug, tmp_path)) > 1e-3, bug
