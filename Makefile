@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-compile test-torch bench golden venv
+.PHONY: run test test-compile test-torch test-kernels bench golden venv
 
 venv:
 	@VENV=$(VENV) bash scripts/setup_env.sh
@@ -19,6 +19,18 @@ test: venv
 test-compile: venv
 	$(PY) -m pytest -q -m compile --compile-matrix $(ARGS)
 
+## make test-kernels: the Triton kernels' tests after installing the kernels extra (triton 3.7.1, the
+## peers): fused against naive, opcheck and planted bugs under Triton's interpreter
+## (tests/test_fused.py), the sm_90 compile check of every autotune config (tests/test_fused_compile.py),
+## and the peers under the interpreter (tests/test_peers.py, tests/test_parity.py)
+KERNEL_TESTS := tests/test_fused.py tests/test_fused_compile.py tests/test_peers.py tests/test_parity.py
+test-kernels: venv
+	@if [ ! -f $(VENV)/.routerbench-kernels ] || [ pyproject.toml -nt $(VENV)/.routerbench-kernels ]; then \
+	  echo "setup: installing the kernels extra into $(VENV)"; \
+	  $(PY) -m pip install -q -e ".[kernels]" 2>&1 | grep -v -e "^WARNING: Location" -e "Editable" -e "^\s*$$" || true; \
+	  $(PY) -c "import triton; print('setup: triton', triton.__version__)" && touch $(VENV)/.routerbench-kernels; fi
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS) $(ARGS)
+
 ## make bench: the pytest-benchmark suite (tests/benchmarks)
 bench: venv
 	$(PY) -m pytest tests/benchmarks --benchmark-only $(ARGS)
@@ -28,12 +40,14 @@ golden: venv
 	$(PY) -m pytest -q tests/test_golden.py --update-golden -p no:cacheprovider
 
 ## make test-torch TORCH_SPEC=torch==2.11.0: the torch-sensitive tests (routers, two-phase, lean,
-## compile scopes, backends, capture guard, ops) in a venv of their own for that torch release;
+## compile scopes, backends, capture guard, ops, and the fused kernels' sm_90 compile check under
+## the triton that release brings) in a venv of their own for that torch release;
 ## ARGS=--compile-matrix adds every router x impl under both compile scopes
 TORCH_SPEC ?= torch==2.11.0
 TORCH_VENV ?= .venv-$(subst ==,-,$(TORCH_SPEC))
 TORCH_TESTS := tests/test_routers.py tests/test_router_identities.py tests/test_two_phase.py tests/test_lean.py \
-	tests/test_compile_scope.py tests/test_backends.py tests/test_guard.py tests/test_ops.py
+	tests/test_compile_scope.py tests/test_backends.py tests/test_guard.py tests/test_ops.py \
+	tests/test_fused_compile.py
 test-torch:
 	@VENV=$(TORCH_VENV) TORCH_SPEC=$(TORCH_SPEC) bash scripts/setup_env.sh
 	$(TORCH_VENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS) $(ARGS)

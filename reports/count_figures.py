@@ -92,7 +92,7 @@ def router_flop_share_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path | 
     counted = ov.groupby(static, as_index=False)[["router_flop_pct", "gflop_fwd"]].median()
     counted["source"] = "counted (fvcore)"
     analytic = tables.router_cost_table(df).drop(columns=["io_ideal_d", "io_measured_d",
-                                                          "state_mib"])
+                                                          "io_kernel_d", "state_mib"])
     analytic = analytic[analytic["flop_per_token"].notna()].merge(
         counted[[*static, "gflop_fwd"]], on=static)
     # the analytic count is the naive reference: one line per router, over naive's forward FLOPs

@@ -207,8 +207,9 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                 "units of d elements: io_ideal_d is the ideal I/O model (each input read once, "
                 "each output written once, two-phase schedule; the AttnRes paper's Table 1 gives "
                 "3 for prenorm and 5.5 for Block AttnRes at 128 sublayers, N=8) and "
-                "io_measured_d what this impl's eager ops actually read and write; state_mib is "
-                "the peak live router state.")])
+                "io_measured_d what this impl's eager ops actually read and write; io_kernel_d "
+                "(fused only) what its Triton kernels load and store, without the running sums' "
+                "eager adds; state_mib is the peak live router state.")])
     models.blocks += table_blocks(tables.router_cost_table(df), "No router cost rows.",
                                    drop=("variant",))
     models.blocks.append(_figure_block(figs.get("router_cost_models"), "router_cost_models",

@@ -155,24 +155,27 @@ def router_cost_table(df: pd.DataFrame) -> pd.DataFrame:
 
     Returns:
         :data:`STATIC_KEYS` + ``flop_per_token`` (analytic router FLOP / (B·T), naive reference),
-        ``io_ideal_d`` and ``io_measured_d`` (bytes per token and sublayer in units of d
-        elements: the ideal I/O model of the AttnRes paper's Table 1, and what the eager ops of
-        this impl read and write), ``state_mib`` (peak live router state).
+        ``io_ideal_d``, ``io_measured_d`` and ``io_kernel_d`` (bytes per token and sublayer in
+        units of d elements: the ideal I/O model of the AttnRes paper's Table 1, what the eager
+        ops of this impl read and write, and for ``fused`` what its Triton kernels load and
+        store, else NaN), ``state_mib`` (peak live router state).
     """
     keys = list(STATIC_KEYS)
-    cols = [*keys, "flop_per_token", "io_ideal_d", "io_measured_d", "state_mib"]
+    cols = [*keys, "flop_per_token", "io_ideal_d", "io_measured_d", "io_kernel_d", "state_mib"]
     cost = cost_rows(df)
     t = ok_rows(cost, "router_io_ideal")[keys].drop_duplicates()
     if t.empty:
         return pd.DataFrame(columns=cols)
     for metric, name in (("router_flops_analytic", "flop"), ("router_io_ideal", "ideal"),
-                         ("router_io_measured", "measured"), ("router_state", "state")):
+                         ("router_io_measured", "measured"), ("router_io_kernel", "kernel"),
+                         ("router_state", "state")):
         t = t.merge(_median(cost, metric, keys, name), on=keys, how="left")
     elem = t["dtype"].map({"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}).astype(float)
     width = t["d_model"].astype(float) * elem
     t["flop_per_token"] = t["flop"].astype(float) / (t["batch_size"] * t["seq_len"]).astype(float)
     t["io_ideal_d"] = t["ideal"].astype(float) / width
     t["io_measured_d"] = t["measured"].astype(float) / width
+    t["io_kernel_d"] = t["kernel"].astype(float) / width  # NaN but for fused
     t["state_mib"] = t["state"].astype(float) / MIB
     return t.sort_values(["workload", *SHAPE_COLS, "router", "impl"])[cols].reset_index(drop=True)
 

@@ -24,6 +24,8 @@ def test_list_shows_every_router():
     for name in ROUTERS:
         assert f"  {name} " in out
     assert "partial_details='always'" in out and "haares-201m" in out
+    fused = next(line for line in out.splitlines() if line.startswith("  fused "))
+    assert "routers=block_attnres,haares,wav_v1" in fused and "dtypes=float32,bfloat16" in fused
 
 
 def test_run_end_to_end_and_resume(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
                 "Triton's interpreter", allow_module_level=True)
 
 from routers import build_router, impls, route  # noqa: E402
-from routers.block import fused, phases  # noqa: E402
+from routers.block import fused, fused_launch, phases  # noqa: E402
 from routers.block.plan import coefficient_bits  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -154,11 +154,11 @@ def test_custom_ops_pass_opcheck():
 
 
 # --- planted kernel bugs ---------------------------------------------------------------------
-KERNELS = Path(fused.__file__).with_name("fused_kernels.py")
+KERNELS = Path(fused_launch.__file__).with_name("fused_kernels.py")
 #: a planted bug → (the kernel line it changes, its replacement)
 PLANTED = {
-    "a dropped source": ("    for i in tl.static_range(N):\n        v = tl.load(values[i] + row * d + cols, mask=cm,",
-                         "    for i in tl.static_range(N - 1):\n        v = tl.load(values[i] + row * d + cols, mask=cm,"),
+    "a dropped source": ("    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)\n    for i in tl.static_range(N):",
+                         "    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)\n    for i in tl.static_range(N - 1):"),
     "a detail without its bias": ("        l_d += tl.load(bias + kk,", "        l_d += 0.0 * tl.load(bias + kk,"),
     "a max not subtracted": ("        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)", "        m_safe = 0.0 * m_new"),
 }
@@ -184,8 +184,8 @@ def phase_error(mod) -> float:
     phase 2 with two detail kinds and their biases."""
     x = _phase_inputs(K=2, p=3)
     q = x["q"] * 40.0
-    inv = [fused.run_inv_rms(mod, v) for v in x["values"]]
-    got = fused.run_phase1(mod, x["values"], inv, q, x["bias"], None, True)
+    inv = [fused_launch.run_inv_rms(mod, v) for v in x["values"]]
+    got = fused_launch.run_phase1(mod, x["values"], inv, q, x["bias"], None, True)
     o_ref, mx_ref, s_ref = phases.phase1(q, x["bias"], x["values"], x["inv"], None)
     o_got = torch.cat((got[0][None], got[1]))
     errs = [float((a - b).norm() / b.norm()) for a, b in ((o_got, o_ref), (got[2], mx_ref), (got[3], s_ref))]
@@ -193,16 +193,37 @@ def phase_error(mod) -> float:
     o, mx, s = (t[1].contiguous() for t in (o_ref, mx_ref, s_ref))
     mx = mx - 4.0  # o's weight lowered, so that the details' weights are not negligible
     dbias = torch.tensor([1.5, -2.0], device=DEVICE)  # -2: the detail bias's initial value
-    h = fused.run_phase2(mod, o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
+    h = fused_launch.run_phase2(mod, o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
     h_ref = phases.merge(o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
     errs.append(float((h - h_ref).norm() / h_ref.norm()))
     return max(math.inf if math.isnan(e) else e for e in errs)
 
 
 def test_the_kernels_pass_the_phase_check():
-    assert phase_error(fused.kernels()) < 1e-5
+    assert phase_error(fused_launch.kernels()) < 1e-5
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_a_planted_kernel_bug_fails_the_phase_check(bug, tmp_path):
     assert phase_error(_mutant(bug, tmp_path)) > 1e-3, bug
+
+
+def test_phase1_in_query_groups_equals_plain():
+    """d = 1024, m = 8: four queries per program, two programs per row (``fused_launch.query_block``),
+    whose gradients of the sources and inverse RMS the launcher sums."""
+    d, m, n = 1024, 8, 3
+    assert fused_launch.query_block(m, d) == 4
+    g = torch.Generator().manual_seed(5)
+    values = [torch.randn(1, 2, d, generator=g).to(DEVICE).requires_grad_() for _ in range(n)]
+    q = (torch.randn(m, d, generator=g) / 8).to(DEVICE).requires_grad_()
+    bias = torch.randn(m, n, generator=g).to(DEVICE).requires_grad_()
+    w = torch.randn(m, 1, 2, d, generator=g).to(DEVICE)
+    out = []
+    for ph in (fused.FUSED, phases.PLAIN):
+        inv = [ph.inv_rms(v) for v in values]
+        o, mx, s = ph.phase1(q, bias, values, inv, None)
+        o = torch.stack(tuple(o))
+        loss = (o * w).sum() + (s * w[:, :, :, 0]).sum()
+        out.append([o.detach(), mx, s.detach(), *torch.autograd.grad(loss, [*values, q, bias])])
+    for got, ref in zip(*out):
+        assert float((got - ref).norm() / ref.norm()) < 1e-5

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from harness.costs.flop_counter import count_flops_dispatch, recompute_counter
+from harness.costs.kernel_io import fused_kernel_bytes
 from harness.costs.ops import count_kernel_launches, count_ops_step
 from harness.costs.traffic import router_bytes_moved
 from harness.rundir.writer import StagingWriter
@@ -132,7 +133,8 @@ def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
     (bytes, peak live state of this impl), ``router_io_ideal`` and ``router_io_measured``
     (bytes per token and sublayer: the ideal I/O model of the AttnRes paper's Table 1, and what
     this eager impl's ops read and write, :mod:`harness.costs.traffic`, measured on the CPU on one
-    sequence of at most 32 tokens).
+    sequence of at most 32 tokens), and for ``fused`` ``router_io_kernel`` (what its Triton
+    kernels load and store, :mod:`harness.costs.kernel_io`, on the same sequence).
     """
     cols, cfg, r = case.columns(), case.cfg, model.router
     item = cfg.torch_dtype.itemsize
@@ -146,3 +148,11 @@ def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
     w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer",
             # per-token traffic does not depend on B·T: measure on one short sequence
             value=router_bytes_moved(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item)
+    if case.impl == "fused":
+        try:  # the kernels' own loads and stores, under Triton's interpreter at one short sequence
+            value = fused_kernel_bytes(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item
+        except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
+            w.write(**cols, metric="router_io_kernel", unit="bytes/token/sublayer", status="error",
+                    error=f"not counted: {type(exc).__name__}: {exc}")
+        else:
+            w.write(**cols, metric="router_io_kernel", unit="bytes/token/sublayer", value=value)

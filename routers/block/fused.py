@@ -23,175 +23,23 @@ So the backward keeps what ``lean``'s keeps, less the float32 statistics that th
 recompute (logits, weights, dots, gains). The FLOPs of the ops are counted on the naive twin
 (``Impl.opaque``). The kernels run on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1``
 (tests at tiny shapes), where every kernel runs its first config: the autotuner times configs
-through a GPU driver. On CUDA each kernel is autotuned over :data:`CONFIGS` (key: n, d and the
-dtypes) at its first call, which the harness's warm-up makes before any capture.
+through a GPU driver. On CUDA each kernel is autotuned over its configs (key: n, d and the
+dtypes) at its first call, which the harness's warm-up makes before any capture
+(``routers/block/fused_launch.py`` holds the configs and launches).
 """
 
 from __future__ import annotations
 
-import os
-from types import ModuleType
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..mixer import EPS
+from .fused_launch import (contiguous_all, kernels, run_inv_rms, run_inv_rms_bwd, run_phase1, run_phase1_bwd,
+                           run_phase2, run_phase2_bwd)
 from .lean import _distinct
 from .phases import Phases
-
-#: kernel → the ``num_warps`` of its autotune configs (≤ 4 each; tests/test_fused_kernels.py
-#: compiles every one for sm_90 and checks its shared memory and stack frame).
-CONFIGS: dict[str, tuple[int, ...]] = {
-    "inv_rms_fwd": (4, 8), "inv_rms_bwd": (4, 8), "phase2_fwd": (4, 8), "phase2_bwd": (4, 8),
-    "phase1_fwd": (4, 8, 16), "phase1_bwd": (8, 16),
-}
-#: autotune key of each kernel (beside the dtypes, which Triton's autotuner always keys on)
-KEYS: dict[str, tuple[str, ...]] = {
-    "inv_rms_fwd": ("d",), "inv_rms_bwd": ("d",), "phase2_fwd": ("d", "K"), "phase2_bwd": ("d", "K", "U"),
-    "phase1_fwd": ("d", "N", "n_q"), "phase1_bwd": ("d", "N", "n_q"),
-}
-#: programs of a backward kernel: each sums ∂/∂q and ∂/∂bias over its rows, the launcher over
-#: the programs (two-stage, no atomics)
-MAX_PROGRAMS = 256
-
-_loaded: dict[str, object] = {}
-
-
-def interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def kernels() -> ModuleType:
-    """``routers.block.fused_kernels`` (imports Triton on first use)."""
-    from . import fused_kernels
-    return fused_kernels
-
-
-def launcher(mod: ModuleType, name: str):
-    """Kernel ``name`` of ``mod`` ready to index with a grid: autotuned over :data:`CONFIGS` on a
-    GPU, or its first config under the interpreter."""
-    import triton
-    fn = getattr(mod, name)
-    if interpreting():
-        return lambda grid: (lambda *a, **k: fn[grid](*a, num_warps=CONFIGS[name][0], **k))
-    key = (id(mod), name)
-    if key not in _loaded:
-        _loaded[key] = triton.autotune([triton.Config({}, num_warps=w) for w in CONFIGS[name]],
-                                       key=list(KEYS[name]))(fn)
-    return _loaded[key].__getitem__
-
-
-def pow2(n: int) -> int:
-    """The least power of two ≥ max(n, 1)."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def _rows(t: Tensor) -> tuple[int, int]:
-    d = t.shape[-1]
-    return t.numel() // d, d
-
-
-# --- launches (the kernels module is an argument: tests run planted-bug copies through these) ---
-
-def run_inv_rms(mod: ModuleType, v: Tensor, eps: float = EPS) -> Tensor:
-    """r (…) float32 of v (…, d), contiguous."""
-    R, d = _rows(v)
-    bd = pow2(d)
-    br = max(1, min(16, 4096 // bd))
-    r = v.new_empty(v.shape[:-1], dtype=torch.float32)
-    launcher(mod, "inv_rms_fwd")(((R + br - 1) // br,))(v, r, R, d, eps, BLOCK_R=br, BLOCK_D=bd)
-    return r
-
-
-def run_inv_rms_bwd(mod: ModuleType, v: Tensor, r: Tensor, g: Tensor) -> Tensor:
-    R, d = _rows(v)
-    bd = pow2(d)
-    br = max(1, min(16, 4096 // bd))
-    gv = torch.empty_like(v)
-    launcher(mod, "inv_rms_bwd")(((R + br - 1) // br,))(v, r, g.contiguous(), gv, R, d, BLOCK_R=br, BLOCK_D=bd)
-    return gv
-
-
-def _split(R: int) -> tuple[int, int]:
-    """(programs, rows per program) of a backward kernel over R rows."""
-    per = -(-R // MAX_PROGRAMS)
-    return -(-R // per), per
-
-
-def run_phase1(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tensor], q: Tensor, bias: Tensor | None,
-               valid: Tensor | None, write_o: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    v0 = values[0]
-    R, d = _rows(v0)
-    m, n = q.shape[0], len(values)
-    lead = v0.shape[:-1]
-    o0 = v0.new_empty(v0.shape if write_o else (0,))
-    rest = v0.new_empty((m - 1, *v0.shape) if write_o else (0,))
-    mx = v0.new_empty((m, *lead), dtype=torch.float32)
-    s = torch.empty_like(mx)
-    launcher(mod, "phase1_fwd")((R,))(
-        tuple(values), tuple(inv), q, q if bias is None else bias, q if valid is None else valid.view(torch.uint8),
-        o0, o0 if m == 1 or not write_o else rest, mx, s, R, d, m, N=n, HAS_BIAS=bias is not None,
-        HAS_VALID=valid is not None, WRITE_O=write_o, BLOCK_M=pow2(m), BLOCK_D=pow2(d))
-    return o0, rest, mx, s
-
-
-def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tensor], q: Tensor,
-                   bias: Tensor | None, valid: Tensor | None, mx: Tensor, s: Tensor, g_o0: Tensor | None,
-                   g_rest: Tensor | None, g_s: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    v0 = values[0]
-    R, d = _rows(v0)
-    m, n = q.shape[0], len(values)
-    progs, per = _split(R)
-    g_v = v0.new_empty((n, *v0.shape))
-    g_r = v0.new_empty((n, *v0.shape[:-1]), dtype=torch.float32)
-    gq = v0.new_empty((progs, m, d), dtype=torch.float32)
-    gb = v0.new_empty((progs, m, n), dtype=torch.float32) if bias is not None else gq
-    has_go = g_o0 is not None or (g_rest is not None and m > 1)
-    if has_go:
-        g_o0 = torch.zeros_like(v0) if g_o0 is None else g_o0.contiguous()
-        g_rest = g_o0 if m == 1 else torch.zeros((m - 1, *v0.shape), dtype=v0.dtype, device=v0.device) \
-            if g_rest is None else g_rest.contiguous()
-    launcher(mod, "phase1_bwd")((progs,))(
-        tuple(values), tuple(inv), q, q if bias is None else bias, q if valid is None else valid.view(torch.uint8),
-        mx, s, g_o0 if has_go else mx, g_rest if has_go else mx, mx if g_s is None else g_s.contiguous(),
-        g_v, g_r, gq, gb, R, d, m, per, N=n, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
-        HAS_GO=has_go, HAS_GS=g_s is not None, BLOCK_M=pow2(m), BLOCK_N=pow2(n), BLOCK_D=pow2(d))
-    return g_v, g_r, gq.sum(0), gb.sum(0) if bias is not None else None
-
-
-def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor,
-               details: Sequence[Tensor], bias: Tensor | None, max_scale: float) -> Tensor:
-    R, d = _rows(P)
-    K = len(details)
-    if o.shape != P.shape or mx.shape != P.shape[:-1] or s.shape != mx.shape or q.shape != (d,):
-        raise ValueError(f"phase 2 of one read takes o and P {tuple(P.shape)}, mu and s {tuple(P.shape[:-1])} and "
-                         f"q ({d},); got o {tuple(o.shape)}, mu {tuple(mx.shape)}, s {tuple(s.shape)}, q {tuple(q.shape)}")
-    h = torch.empty_like(o)
-    launcher(mod, "phase2_fwd")((R,))(
-        o, mx, s, q, P, tuple(details) or (P,), q if bias is None else bias, h, R, d, EPS, max_scale, K=K,
-        HAS_BIAS=bias is not None, BLOCK_K=pow2(max(K, 2)), BLOCK_D=pow2(d))
-    return h
-
-
-def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Tensor | None,
-                   updates: Sequence[Tensor], coef_t: Tensor | None, bits: int, k_lo: int, n_kinds: int, K: int,
-                   max_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    R, d = _rows(h)
-    progs, per = _split(R)
-    bk = pow2(max(K, 2))
-    u0 = updates[0]
-    g_o, g_p = torch.empty_like(h), torch.empty_like(u0)
-    g_s = mx.new_empty(mx.shape)
-    g_d = u0.new_empty((max(K, 1), *u0.shape))
-    gq = mx.new_empty((progs, d))
-    gb = mx.new_empty((progs, bk))
-    launcher(mod, "phase2_bwd")((progs,))(
-        g.contiguous(), h, mx, s, q, q if bias is None else bias, tuple(updates), q if coef_t is None else coef_t,
-        bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq, gb, R, d, EPS, max_scale, per, K=K, U=len(updates),
-        HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk, BLOCK_D=pow2(d))
-    return g_o, g_s, g_p, g_d[:K], gq.sum(0), gb.sum(0)[:K] if bias is not None else None
 
 
 # --- the custom ops --------------------------------------------------------------------------
@@ -228,14 +76,10 @@ def _inv_rms_backward(ctx, g):
 inv_rms_op.register_autograd(_inv_rms_backward, setup_context=_inv_rms_setup)
 
 
-def _contig(ts: Sequence[Tensor]) -> list[Tensor]:
-    return [t.contiguous() for t in ts]
-
-
 @torch.library.custom_op("routerbench::fused_phase1", mutates_args=())
 def phase1_op(values: list[Tensor], inv: list[Tensor], q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor],
               write_o: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return run_phase1(kernels(), _contig(values), _contig(inv), q.contiguous(),
+    return run_phase1(kernels(), contiguous_all(values), contiguous_all(inv), q.contiguous(),
                       None if bias is None else bias.contiguous(), None if valid is None else valid.contiguous(),
                       write_o)
 
@@ -253,7 +97,7 @@ def _(values, inv, q, bias, valid, write_o):
 def phase1_bwd_op(values: list[Tensor], inv: list[Tensor], q: Tensor, bias: Optional[Tensor],
                   valid: Optional[Tensor], mx: Tensor, s: Tensor, g_o0: Optional[Tensor], g_rest: Optional[Tensor],
                   g_s: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    g_v, g_r, g_q, g_b = run_phase1_bwd(kernels(), _contig(values), _contig(inv), q.contiguous(),
+    g_v, g_r, g_q, g_b = run_phase1_bwd(kernels(), contiguous_all(values), contiguous_all(inv), q.contiguous(),
                                         None if bias is None else bias.contiguous(),
                                         None if valid is None else valid.contiguous(), mx, s, g_o0, g_rest, g_s)
     return g_v, g_r, g_q, g_q.new_zeros((0,)) if g_b is None else g_b
@@ -291,7 +135,7 @@ def phase2_op(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: l
               updates: list[Tensor], coef_t: Optional[Tensor], bits: int, k_lo: int, n_kinds: int,
               max_scale: float) -> Tensor:
     return run_phase2(kernels(), o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
-                      _contig(details), None if bias is None else bias.contiguous(), max_scale)
+                      contiguous_all(details), None if bias is None else bias.contiguous(), max_scale)
 
 
 @phase2_op.register_fake
@@ -305,7 +149,7 @@ def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: 
                   max_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     g_o, g_s, g_p, g_d, g_q, g_b = run_phase2_bwd(
         kernels(), g, h.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(),
-        None if bias is None else bias.contiguous(), _contig(updates),
+        None if bias is None else bias.contiguous(), contiguous_all(updates),
         None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale)
     return g_o, g_s, g_p, g_d.clone(), g_q, g_q.new_zeros((0,)) if g_b is None else g_b
 

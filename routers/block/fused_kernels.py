@@ -15,9 +15,11 @@ Conventions of every kernel:
   their tensor's dtype;
 - a logit of a pad (``valid`` 0) is −inf, and a row whose every logit is −inf gives o = 0, μ = −inf,
   s = 0 and zero gradients, never NaN (the max is replaced by 0 where it is −inf);
-- a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage: each program writes its partial
-  sum over its rows and the launcher sums the partials, no atomics (the autotuner re-runs a
-  kernel, and an atomic would add twice).
+- a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage, never atomic (the autotuner
+  re-runs a kernel, and an atomic would add twice): phase 2's backward writes each program's
+  partial sum over its rows; phase 1's writes per row the logits' gradient gℓ (n·m floats), which
+  the launcher contracts with the sources (a row loop there, over an unrolled loop of n sources,
+  keeps every source's addresses live across it and spills on sm_90: tests/fused_compile.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NEG_INF = float("-inf")
+#: −inf as a Triton constant (a kernel reads a module global only as a constexpr)
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
@@ -190,10 +193,11 @@ def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, N: tl.
                HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """m = n_q queries q (m, d) over the N sources of one token row, by online softmax in one pass
-    over the sources: o_i (query 0 into o0 (R, d), the rest into o_rest (m − 1, R, d), unless
+    over the sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; an m×d
+    float32 tile in registers spills at d = 1024): o_i (query 0 into o0 (R, d), the rest into o_rest (m − 1, R, d), unless
     ``WRITE_O`` is off), μ_i the max and s_i the sum of exp(logit − μ_i) into mx, s (m, R)."""
     row = tl.program_id(0).to(tl.int64)
-    mi = tl.arange(0, BLOCK_M).to(tl.int64)
+    mi = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
@@ -222,61 +226,75 @@ def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, N: tl.
 
 
 @triton.jit
-def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_v, g_r, gq_part, gb_part,
-               R, d, n_q, rows_per_prog, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
-               HAS_GO: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_D: tl.constexpr):
-    """The gradient of :func:`phase1_fwd` over ``rows_per_prog`` rows, recomputed from the sources,
-    their inverse RMS and the float32 μ, s: β = exp(ℓ − μ)/s, gℓ = β(g_o·V − Σβ g_o·V) + β·s·g_s;
-    ∂/∂V_i = Σ_m β g_o + (gℓ·r) q into g_v[i] (N, R, d), ∂/∂r_i = Σ_m gℓ·(q·V_i) into g_r (N, R);
-    ∂/∂q = Σ (gℓ·r) V and ∂/∂bias = Σ gℓ: this program's partial sums."""
-    pid = tl.program_id(0).to(tl.int64)
-    mi = tl.arange(0, BLOCK_M).to(tl.int64)
-    ni = tl.arange(0, BLOCK_N)
+def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v, g_r, g_l,
+               R, d, n_q, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
+               HAS_GO: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The gradient of :func:`phase1_fwd` for one token row and BLOCK_M queries (program (row, g)
+    as :func:`phase1_fwd`), recomputed from the sources, their inverse RMS and the float32 μ, s:
+    β = exp(ℓ − μ)/s, gℓ = β(g_o·V − g_dot) + β·s·g_s with g_dot = Σβ g_o·V from
+    :func:`phase1_bwd_dot` (a pass of its own: in one kernel the compiler keeps every source's row
+    live from one pass to the next, and spills). Writes ∂/∂V_i = Σ_m β g_o + (gℓ·r) q into
+    g_v[g, i] (groups, N, R, d) and ∂/∂r_i = Σ_m gℓ·(q·V_i) into g_r[g, i] (groups, N, R), each
+    summed over the queries of its group (the launcher sums the groups), and gℓ into g_l (N, m, R),
+    from which the launcher sums ∂/∂q = Σ (gℓ·r) V and ∂/∂bias = Σ gℓ over the rows (a loop over
+    rows here would keep each source's addresses live across it, and spill)."""
+    row = tl.program_id(0).to(tl.int64)
+    grp = tl.program_id(1).to(tl.int64)
+    mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
     Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    gq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    gb = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for t in range(0, rows_per_prog):
-        row = pid * rows_per_prog + t
-        live = row < R
-        lm = cm & live
-        mu = tl.load(mx + mi * R + row, mask=mm & live, other=0.0)
-        mu = tl.where(mu == NEG_INF, 0.0, mu)
-        sv = tl.load(s + mi * R + row, mask=mm & live, other=1.0)
-        s_safe = tl.where(sv == 0.0, 1.0, sv)
-        if HAS_GS:
-            gs = tl.load(g_s + mi * R + row, mask=mm & live, other=0.0)
-        else:
-            gs = tl.zeros((BLOCK_M,), tl.float32)
+    mu = tl.load(mx + mi * R + row, mask=mm, other=0.0)
+    mu = tl.where(mu == NEG_INF, 0.0, mu)
+    sv = tl.load(s + mi * R + row, mask=mm, other=1.0)
+    s_safe = tl.where(sv == 0.0, 1.0, sv)
+    if HAS_GS:
+        gs = tl.load(g_s + mi * R + row, mask=mm, other=0.0)
+    else:
+        gs = tl.zeros((BLOCK_M,), tl.float32)
+    if HAS_GO:
+        gptr = tl.where(mi[:, None] == 0, g_o0 + row * d + cols[None, :],
+                        g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
+        G = tl.load(gptr, mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        dsum = tl.load(g_dot + mi * R + row, mask=mm, other=0.0)
+    for i in tl.static_range(N):
+        v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+        rr = tl.load(inv[i] + row)
+        logit, dot = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        beta = tl.where(mm, tl.exp(logit - mu) / s_safe, 0.0)
+        gl = beta * sv * gs
         if HAS_GO:
-            first = mi[:, None] == 0
-            gptr = tl.where(first, g_o0 + row * d + cols[None, :],
-                            g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
-            G = tl.load(gptr, mask=mm[:, None] & lm[None, :], other=0.0).to(tl.float32)
-            dsum = tl.zeros((BLOCK_M,), tl.float32)
-            for i in tl.static_range(N):
-                v = tl.load(values[i] + row * d + cols, mask=lm, other=0.0).to(tl.float32)
-                logit, _ = _logits(Q, v, tl.load(inv[i] + row, mask=live, other=0.0), bias, valid, mi, mm, i,
-                                   N, HAS_BIAS, HAS_VALID)
-                dsum += tl.exp(logit - mu) / s_safe * tl.sum(G * v[None, :], axis=1)
-        for i in tl.static_range(N):
-            v = tl.load(values[i] + row * d + cols, mask=lm, other=0.0).to(tl.float32)
-            rr = tl.load(inv[i] + row, mask=live, other=0.0)
-            logit, dot = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
-            beta = tl.where(mm & live, tl.exp(logit - mu) / s_safe, 0.0)
-            gl = beta * sv * gs
-            if HAS_GO:
-                gl += beta * (tl.sum(G * v[None, :], axis=1) - dsum)
-                gv = tl.sum(beta[:, None] * G + (gl * rr)[:, None] * Q, axis=0)
-            else:
-                gv = tl.sum((gl * rr)[:, None] * Q, axis=0)
-            tl.store(g_v + i * R * d + row * d + cols, gv.to(g_v.dtype.element_ty), mask=lm)
-            tl.store(g_r + i * R + row, tl.sum(gl * dot, axis=0), mask=live)
-            gq += (gl * rr)[:, None] * v[None, :]
-            gb = tl.where(ni[None, :] == i, gb + gl[:, None], gb)
-    tl.store(gq_part + pid * n_q * d + mi[:, None] * d + cols[None, :], gq, mask=mm[:, None] & cm[None, :])
-    if HAS_BIAS:
-        tl.store(gb_part + pid * n_q * N + mi[:, None] * N + ni[None, :], gb, mask=mm[:, None] & (ni < N)[None, :])
+            gl += beta * (tl.sum(G * v[None, :], axis=1) - dsum)
+            gv = tl.sum(beta[:, None] * G + (gl * rr)[:, None] * Q, axis=0)
+        else:
+            gv = tl.sum((gl * rr)[:, None] * Q, axis=0)
+        tl.store(g_v + (grp * N + i) * R * d + row * d + cols, gv.to(g_v.dtype.element_ty), mask=cm)
+        tl.store(g_r + (grp * N + i) * R + row, tl.sum(gl * dot, axis=0))
+        tl.store(g_l + (i * n_q + mi) * R + row, gl, mask=mm)
+
+
+@triton.jit
+def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d, n_q, N: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """g_dot (m, R) = Σ_i β_i·(g_o·V_i) = g_o·o per query and row, recomputed from the sources (the
+    first pass of :func:`phase1_bwd`; program (row, g) as :func:`phase1_fwd`)."""
+    row = tl.program_id(0).to(tl.int64)
+    mi = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    mm = mi < n_q
+    cm = cols < d
+    Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    mu = tl.load(mx + mi * R + row, mask=mm, other=0.0)
+    mu = tl.where(mu == NEG_INF, 0.0, mu)
+    sv = tl.load(s + mi * R + row, mask=mm, other=1.0)
+    s_safe = tl.where(sv == 0.0, 1.0, sv)
+    gptr = tl.where(mi[:, None] == 0, g_o0 + row * d + cols[None, :],
+                    g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
+    G = tl.load(gptr, mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    acc = tl.zeros((BLOCK_M,), tl.float32)
+    for i in tl.static_range(N):
+        v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+        logit, _ = _logits(Q, v, tl.load(inv[i] + row), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        acc += tl.exp(logit - mu) / s_safe * tl.sum(G * v[None, :], axis=1)
+    tl.store(g_dot + mi * R + row, acc, mask=mm)

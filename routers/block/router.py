@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from . import naive, two_phase
 from .costs import BlockCosts
 from .fused import FUSED
+from .fused_launch import configs as fused_configs
 from .lean import LEAN
 from .phases import PLAIN, Phases, inv_rms, readout
 from .plan import BlockPlan
@@ -85,6 +86,8 @@ class BlockRouter(BlockCosts, Router):
         #: schedule), or None
         self.peer_kernel, self.peer_mix = not spec.builtin, spec.mix
         #: the two-phase math: lean's Functions, a peer's phases, or plain autograd
+        if impl == "fused":
+            fused_configs("phase1_fwd", d_model)  # a width its kernels are not checked for: ConfigError now
         self.phases = BUILTIN_PHASES[impl] if spec.builtin and impl in BUILTIN_PHASES else \
             Phases(inv_rms, *spec.phases, readout) if spec.phases is not None else PLAIN
         self.block_unit = block_unit
