@@ -268,14 +268,16 @@ class Router(nn.Module, abc.ABC):
         """The implementation a cost model describes: ``impl``, else ``self.impl``, else naive.
 
         Raises:
-            ValueError: ``impl`` is not in ``self.impls``.
+            ValueError: ``impl`` is not in ``self.cost_models`` (the impls a cost model describes;
+                ``self.impls`` where a router sets none).
         """
+        modelled = getattr(self, "cost_models", self.impls)
         if impl is None:  # a peer kernel costs what the schedule it runs costs (routers/impls.py)
             own = getattr(self, "impl", self.impls[0])
-            impl = own if own in self.impls else getattr(self, "schedule", None) or own
-        if impl not in self.impls:
+            impl = own if own in modelled else getattr(self, "schedule", None) or own
+        if impl not in modelled:
             raise ValueError(f"impl={impl!r} is not an implementation of {self.name}; "
-                             f"choose one of {self.impls}")
+                             f"choose one of {modelled}")
         return impl
 
 

@@ -15,8 +15,11 @@
 #            CUDA-graph replay, bf16 fwd_bwd, d=1024 L=4 T=512 B=8: ratio to prenorm, x floor, vs eager
 #   compile  the same routers compiled (model scope), one run per router (prenorm + it), so each
 #            one that compiles in time is kept
-#   impls    block_attnres: naive, two_phase, lean and the peer kernels available here, eager
-#   lean     two_phase vs lean: CUDA peak memory and saved activations (haares, wav_v1)
+#   impls    fused (Triton kernels) against naive, two_phase, lean and, for block_attnres, the peer
+#            kernels available here: eager and CUDA-graph replay on the decoder, then on the
+#            router_only workload (routing cost alone), then two_phase, lean and fused compiled
+#            (model scope) for haares; the check's shape, paired with prenorm, x floor
+#   lean     two_phase vs lean (and fused): CUDA peak memory and saved activations (haares, wav_v1)
 #   train    a short training run with the whole step CUDA-graphed (cpu-train preset)
 #   results  `routerbench summary`, the x-floor, lean-memory and training tables, the report of
 #            the cost runs (if time is left) and ONE archive <out>/<tag>.tar.gz
@@ -95,14 +98,14 @@ command -v timeout >/dev/null || die "needs \`timeout\` (GNU coreutils)"
 # NEED: seconds a stage's command needs at the least to be worth starting (less: skipped, and its
 # time goes on to the next stage); for compile, per router.
 STAGES=(setup tests graph compile impls lean train results)
-WEIGHTS=(5 25 26 20 9 7 8)
+WEIGHTS=(5 21 23 18 19 7 7)
 NEED=(0 20 40 45 25 20 20 0)
 WHAT=("wheels, versions, optional packages, routerbench list"
       "CUDA-only tests (pytest -m cuda)"
       "eager + CUDA-graph replay: block routers vs prenorm, x floor"
       "compiled (model scope), one run per router vs prenorm"
-      "block_attnres impls vs peer kernels (available ones), eager"
-      "two_phase vs lean: peak memory, saved activations"
+      "fused vs naive, two_phase, lean and the peers: eager + graph replay, decoder and router_only; compiled"
+      "two_phase vs lean (and fused): peak memory, saved activations"
       "short training run, whole step CUDA-graphed"
       "summary, tables, report, archive")
 RESULTS_S=$((BUDGET * 12 / 100)); ((RESULTS_S >= 40)) || RESULTS_S=40
@@ -130,7 +133,7 @@ SHAPE=(--widths 1024 --depths 4 --n-heads 8 --seq-len 512 --batch-size 8 --dtype
 SHAPE_L8=(--widths 1024 --depths 8 --n-heads 8 --seq-len 1024 --batch-size 4 --dtype bfloat16 --modes fwd_bwd)
 QUIET=(--no-train --no-report --quiet --warmup-s 0.5 --remeasure-s 5 --max-attempts 2 --out "$RES")
 BLOCK_ROUTERS=(block_attnres haares wav_v1 full_attnres)
-WANT_IMPLS=(naive two_phase lean fla liger flash_attn_res fast_attnres)
+WANT_IMPLS=(naive two_phase lean fused fla liger flash_attn_res fast_attnres)
 OPTIONAL=(fvcore tomli_w pytest_benchmark pynvml fla liger_kernel flash_attn_res attnres einops)
 
 # ---------------------------------------------------------------- helpers
@@ -366,12 +369,23 @@ done
 
 # ---------------------------------------------------------------- 4 impls
 stage 4
-run_timed impls TERM "${NEED[4]}" "${CLI[@]}" run --routers prenorm,block_attnres --impls "$(IFS=,; echo "${impls[*]}")" \
-  "${SHAPE_L8[@]}" --backends eager --repeats 10 "${QUIET[@]}" --no-flops --run-id "$TAG-impls"
+# every impl of the three two-phase routers (each runs those it offers; the peers are block_attnres's),
+# on the decoder, then on the router_only workload, then compiled; each run keeps what it measured
+IMPL_ROUTERS=prenorm,block_attnres,haares,wav_v1
+run_timed impls TERM "${NEED[4]}" "${CLI[@]}" run --routers "$IMPL_ROUTERS" --impls "$(IFS=,; echo "${impls[*]}")" \
+  "${SHAPE[@]}" --backends eager,cudagraph --repeats 10 "${QUIET[@]}" --no-flops --run-id "$TAG-impls"
+run_timed "impls (router_only)" TERM "${NEED[4]}" "${CLI[@]}" run --workload router_only --routers "$IMPL_ROUTERS" \
+  --impls "$(IFS=,; echo "${impls[*]}")" "${SHAPE[@]}" --backends eager,cudagraph --repeats 10 "${QUIET[@]}" \
+  --no-flops --run-id "$TAG-impls-router"
+compiled=(two_phase lean); [[ " ${impls[*]} " == *" fused "* ]] && compiled+=(fused)
+run_timed "impls (compiled)" TERM "${NEED[3]}" "${CLI[@]}" run --routers prenorm,haares \
+  --impls "$(IFS=,; echo "${compiled[*]}")" "${SHAPE[@]}" --backends compile --compile-scope model --no-supervise \
+  --repeats 10 "${QUIET[@]}" --no-flops --run-id "$TAG-impls-compiled"
 
 # ---------------------------------------------------------------- 5 lean
 stage 5
-run_timed lean TERM "${NEED[5]}" "${CLI[@]}" run --routers prenorm,haares,wav_v1 --impls two_phase,lean \
+memory=(two_phase lean); [[ " ${impls[*]} " == *" fused "* ]] && memory+=(fused)
+run_timed lean TERM "${NEED[5]}" "${CLI[@]}" run --routers prenorm,haares,wav_v1 --impls "$(IFS=,; echo "${memory[*]}")" \
   "${SHAPE_L8[@]}" --backends eager --repeats 5 "${QUIET[@]}" --no-flops --run-id "$TAG-lean"
 
 # ---------------------------------------------------------------- 6 train
@@ -444,8 +458,8 @@ if ((DRY)); then
   show tar -czf "$ARCHIVE" -C "$OUT_ROOT" --exclude=checkpoints "$TAG"
   exit 0
 fi
-mapfile -t cost_dirs < <(run_dirs graph "${BLOCK_ROUTERS[@]/#/compile-}" impls)
-mapfile -t all_cost < <(run_dirs graph "${BLOCK_ROUTERS[@]/#/compile-}" impls lean)
+mapfile -t cost_dirs < <(run_dirs graph "${BLOCK_ROUTERS[@]/#/compile-}" impls impls-router impls-compiled)
+mapfile -t all_cost < <(run_dirs graph "${BLOCK_ROUTERS[@]/#/compile-}" impls impls-router impls-compiled lean)
 lean_dirs=$(run_dirs lean) train_dirs=$(run_dirs train)
 TAIL_S=10   # kept for the archive
 STAGE_END=$((BUDGET - TAIL_S))

@@ -227,3 +227,109 @@ def test_phase1_in_query_groups_equals_plain():
         out.append([o.detach(), mx, s.detach(), *torch.autograd.grad(loss, [*values, q, bias])])
     for got, ref in zip(*out):
         assert float((got - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("scope", ["model", "layer"])
+def test_fused_compiles_as_opaque_ops_under_both_scopes(scope):
+    """Inductor, model and layer scope: the custom ops are opaque calls (no graph break), and the
+    compiled step's output and every gradient equal eager's (norm-relative 1e-5); a second step
+    compiles nothing."""
+    from harness.step import backends
+    from workloads.config import DecoderConfig
+    from workloads.decoder import Decoder
+    cfg = DecoderConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=2, seq_len=8, batch_size=2)
+    torch.manual_seed(0)
+    model = Decoder(cfg, "haares", {"impl": "fused", "n_blocks": 2, "readout_details": True}).to(DEVICE)
+    with torch.no_grad():
+        for p in model.router.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE))
+    x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def loss_and_grads(m):
+        m.zero_grad()
+        out = m(x)
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in m.parameters()]
+    ref, gref = loss_and_grads(model)
+    compiled = backends.prepare(model, "compile", "default", scope).model
+    got, grads = loss_and_grads(compiled)
+    assert backends.graph_breaks() == 0
+    rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
+    assert rel(got, ref) <= 1e-5 and len(grads) == len(gref)
+    assert max(rel(a, b) for a, b in zip(grads, gref)) <= 1e-5
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again, _ = loss_and_grads(compiled)
+    assert rel(again, got) <= 1e-6
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(DETAILS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_live_state_model_equals_measured_state(name, dtype):
+    """``live_state_bytes(impl="fused")`` (routers/block/costs.py) against the peak of the state's
+    distinct storages over a forward (tests/test_costs.py's measure, on CPU tensors: the
+    interpreter), 5 layers in 2 and 3 blocks."""
+    if DEVICE != "cpu":
+        pytest.skip("the state measure of tests/test_costs.py builds CPU tensors")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_costs import measured_peak_state
+    for blocks in (2, 3):
+        opts = {"readout_details": True} if DETAILS[name] else {}
+        r = build_router(name, D, 5, n_blocks=blocks, impl="fused", **opts).to(DEVICE, dtype)
+        assert r.live_state_bytes(2, 3, dtype) == measured_peak_state(r, 2, 3, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(DETAILS))
+def test_fused_on_cuda_equals_naive_and_replays_from_a_cuda_graph(name):
+    """On a GPU, at d = 1024 (query groups, the configs of that width, autotuned on the first call):
+    output and gradients in bfloat16 within the parity rule against naive in float64, and one
+    ``fwd_bwd`` step captured in a CUDA graph after an eager warm-up (which autotunes) replays to
+    the eager step's output and gradients."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    d, layers = 1024, 4
+    g = torch.Generator().manual_seed(7)
+    base = build_router(name, d, layers, n_blocks=2, key_norm_gain=True)
+    with torch.no_grad():
+        for p in base.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    e0 = torch.randn(2, 64, d, generator=g)
+    ws = [torch.randn(d, d, generator=g) / math.sqrt(d) for _ in base.slots]
+
+    def model(impl, dtype):
+        r = build_router(name, d, layers, n_blocks=2, key_norm_gain=True, impl=impl)
+        r.load_state_dict(base.state_dict())
+        return r.to("cuda", dtype)
+
+    def step(r, e, weights):
+        out = route(r, e, lambda slot, h: torch.tanh(h @ weights[slot.index]))[1]
+        loss = out.float().square().mean()
+        grads = torch.autograd.grad(loss, [e, *r.parameters()])
+        return [out.detach(), *grads]
+    ref = step(model("naive", torch.float64), e0.to("cuda", torch.float64).requires_grad_(),
+               [w.to("cuda", torch.float64) for w in ws])
+    errs = {}
+    for impl in ("two_phase", "fused"):
+        got = step(model(impl, torch.bfloat16), e0.to("cuda", torch.bfloat16).requires_grad_(),
+                   [w.to("cuda", torch.bfloat16) for w in ws])
+        errs[impl] = [float((a.double() - b).norm() / b.norm()) for a, b in zip(got, ref)]
+    assert all(f <= 2 * t + 8e-3 for f, t in zip(errs["fused"], errs["two_phase"])), errs
+    r = model("fused", torch.bfloat16)
+    e = e0.to("cuda", torch.bfloat16).requires_grad_()
+    wb = [w.to("cuda", torch.bfloat16) for w in ws]
+    eager = step(r, e, wb)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(r, e, wb)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(r, e, wb)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.equal(a, b) or float((a.float() - b.float()).norm() / b.float().norm()) < 1e-3

@@ -83,8 +83,8 @@ def test_dry_run_plans_every_stage_with_budgets_that_add_up(dry, args, budget):
 
 def test_the_default_plan_and_a_longer_budget(dry):
     five, ten = _plan(dry[()][0].stdout), _plan(dry[("--budget", "600")][0].stdout)
-    assert [b for _, b, _ in five] == [13, 65, 69, 52, 23, 18, 20, 40]
-    assert [b for _, b, _ in ten] == [26, 132, 140, 105, 47, 36, 42, 72]
+    assert [b for _, b, _ in five] == [13, 54, 62, 46, 49, 18, 18, 40]
+    assert [b for _, b, _ in ten] == [26, 110, 125, 95, 100, 36, 36, 72]
     assert _plan(dry[("600",)][0].stdout) == ten  # a positional budget is the same as --budget
     minutes = subprocess.run(["bash", str(CHECK), "--dry-run", "--budget", "10m"], capture_output=True, text=True)
     assert minutes.returncode == 0 and _plan(minutes.stdout) == ten  # 10m = 600 s
@@ -106,8 +106,8 @@ def test_dry_run_prints_each_stage_s_commands(dry):
     cmds = _commands(out)
     ids = [_option(c, "--run-id").split("-", 4)[-1] for c in cmds]
     assert ids == ["graph", "compile-block_attnres", "compile-haares", "compile-wav_v1", "compile-full_attnres",
-                   "impls", "lean", "train"]
-    graph, *compiles, impls, lean, train = cmds
+                   "impls", "impls-router", "impls-compiled", "lean", "train"]
+    graph, *compiles, impls, impls_router, impls_compiled, lean, train = cmds
     assert _option(graph, "--backends") == "eager,cudagraph" and "--no-flops" not in graph
     assert _option(graph, "--routers") == "prenorm,block_attnres,haares,wav_v1,full_attnres"
     for c in (graph, *compiles):
@@ -117,8 +117,14 @@ def test_dry_run_prints_each_stage_s_commands(dry):
     for c in compiles:
         assert _option(c, "--backends") == "compile" and _option(c, "--compile-scope") == "model"
         assert "--no-flops" in c
-    assert _option(impls, "--impls") == "naive,two_phase,lean,fla,liger,flash_attn_res,fast_attnres"
-    assert _option(lean, "--impls") == "two_phase,lean" and _option(lean, "--routers") == "prenorm,haares,wav_v1"
+    every = "naive,two_phase,lean,fused,fla,liger,flash_attn_res,fast_attnres"
+    for c in (impls, impls_router):
+        assert _option(c, "--impls") == every and _option(c, "--backends") == "eager,cudagraph"
+        assert _option(c, "--routers") == "prenorm,block_attnres,haares,wav_v1" and _option(c, "--widths") == "1024"
+    assert _option(impls_router, "--workload") == "router_only" and "--workload" not in impls
+    assert _option(impls_compiled, "--impls") == "two_phase,lean,fused"
+    assert _option(impls_compiled, "--backends") == "compile"
+    assert _option(lean, "--impls") == "two_phase,lean,fused" and _option(lean, "--routers") == "prenorm,haares,wav_v1"
     assert train[0] == "train" and _option(train, "--backend") == "cudagraph"
     assert f"  $ {NO_PYTHON} -m pytest -q -p no:cacheprovider -m cuda --tb=short --durations=10 tests/" in out
     # --no-flops reaches the one stage that counts FLOPs
@@ -136,8 +142,10 @@ def test_every_routerbench_command_of_the_plan_passes_its_own_dry_run(dry):
     groups = r"in \d+ groups? \(paired\)"  # a group too large for this machine's memory is split
     want = [rf"plan: 10 cost cases {groups}, 0 models",  # 5 routers x eager, cudagraph
             *[rf"plan: 2 cost cases {groups}, 2 models to compile"] * 4,
-            rf"plan: 8 cost cases {groups}, 0 models",  # prenorm + 7 impls of block_attnres
-            rf"plan: 5 cost cases {groups}, 0 models",  # prenorm + 2 routers x 2 impls
+            # (prenorm + 8 impls of block_attnres + 4 of haares + 4 of wav_v1) x eager, cudagraph
+            *[rf"plan: 34 cost cases {groups}, 0 models"] * 2,
+            rf"plan: 4 cost cases {groups}, 4 models to compile",  # prenorm + haares x 3 impls
+            rf"plan: 7 cost cases {groups}, 0 models",  # prenorm + 2 routers x 3 impls
             r"plan: 2 training runs \(2 routers x 1 seed\), 240 steps"]
     cmds = _commands(dry[()][0].stdout)
     assert len(cmds) == len(want)

@@ -138,7 +138,7 @@ def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
     """
     cols, cfg, r = case.columns(), case.cfg, model.router
     item = cfg.torch_dtype.itemsize
-    impl = case.impl if case.impl in r.impls else None
+    impl = case.impl if case.impl in getattr(r, "cost_models", r.impls) else None
     w.write(**cols, metric="router_flops_analytic", unit="FLOP",
             value=r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len))
     w.write(**cols, metric="router_state", unit="bytes",

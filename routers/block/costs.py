@@ -88,6 +88,8 @@ class BlockCosts:
         two_phase (``routers/block/two_phase.py``): the same plus, per completed source (e included),
         its inverse RMS (a (B, T) statistic), and the current block's phase-1 outputs (one
         (m, B, T, d) tensor = m (B, T, d)) with two (m, B, T) statistics (max and sum of exps).
+        fused (``routers/block/fused.py``): lean's, but phase 1 writes o_0 and the other m − 1
+        outputs as two tensors: m.
         lean (``routers/block/lean.py``): two_phase's, plus the block's updates u_0 … u_p it keeps
         after the write at position p ≥ 1 (at p = 0, u_0 is P); none of block 1's phase-1
         outputs (over e alone, each is e itself); in a later block of m ≥ 2, phase 1's o_0 is a
@@ -98,13 +100,15 @@ class BlockCosts:
         c·u, a new tensor whatever c (the region graph does not know the sign).
         """
         K = len(self.detail_kinds)
-        two, lean = impl in ("two_phase", "lean"), impl == "lean"
+        two, lean = impl in ("two_phase", "lean", "fused"), impl in ("lean", "fused")
 
         def outputs(m: int, block: int) -> int:   # phase 1's outputs of a block of m, in (B, T, d)
             if not lean or m == 0:
                 return m                          # one (m, B, T, d) tensor
-            # lean: block 1's are e itself; else o_0 its own tensor, and o_1… views of all m
-            return 0 if block == 1 else m + (1 if m >= 2 else 0)
+            if block == 1:                        # lean, fused: block 1's are e itself
+                return 0
+            # lean: o_0 its own tensor, and o_1… views of all m; fused: o_0 and the other m − 1
+            return m + (1 if m >= 2 and impl == "lean" else 0)
 
         m1 = self.slots[0].block_len if two else 0
         counts = [(1 + outputs(m1, 1), (1 + 2 * m1) if two else 0)]   # after init_state: e (+ phase 1)
@@ -147,8 +151,9 @@ class BlockCosts:
         See :meth:`_state_counts`.
         """
         impl = self._cost_impl(impl)
-        if layout not in ("tuple", "padded") or (layout == "padded" and impl not in ("two_phase", "lean")):
-            raise ValueError(f"layout={layout!r}: 'tuple', or 'padded' for impl two_phase or lean (got impl {impl})")
+        if layout not in ("tuple", "padded") or (layout == "padded" and impl not in ("two_phase", "lean", "fused")):
+            raise ValueError(f"layout={layout!r}: 'tuple', or 'padded' for impl two_phase, lean or fused "
+                             f"(got impl {impl})")
         dtype, tokens = dtype or torch.float32, batch_size * seq_len
         item = torch.empty((), dtype=dtype).element_size()
         stat_item = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()

@@ -201,7 +201,7 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tens
     g_q = q.new_zeros((m, d), dtype=torch.float32)
     for i, (v, r) in enumerate(zip(values, inv)):
         g_q += torch.matmul((g_l[i] * r.reshape(1, R)).to(v.dtype), v.reshape(R, d)).float()
-    return g_v, g_r, g_q, g_l.sum(-1).t() if bias is not None else None
+    return g_v, g_r, g_q, g_l.sum(-1).t().contiguous() if bias is not None else None
 
 
 def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor,

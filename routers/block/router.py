@@ -55,6 +55,10 @@ class BlockRouter(BlockCosts, Router):
     """
 
     impls = ("naive", "two_phase", "lean")
+    #: the impls the cost models describe: also ``fused`` (``routers/block/fused.py``), which
+    #: runs only with Triton on CUDA or under its interpreter, so is not in :attr:`impls` (what
+    #: the tests and sweeps iterate everywhere)
+    cost_models = ("naive", "two_phase", "lean", "fused")
     #: detail bases this router adds per block, in pool order ("phase", "split"); none for AttnRes.
     detail_kinds: tuple[str, ...] = ()
     #: ρ, the cap of a detail's RMS-matching gain (the multi-resolution routers set theirs).
