@@ -1,7 +1,8 @@
 """What a step costs, counted (DESIGN.md, "Layers"; MEASUREMENT.md; docs/FLOPS.md): FLOPs by
 fvcore (:mod:`harness.costs.flops`) and at dispatch (:mod:`harness.costs.flop_counter`), peak
 FLOP/s and MFU (:mod:`harness.costs.peak`), saved activations and CUDA memory
-(:mod:`harness.costs.memory`), measured traffic (:mod:`harness.costs.traffic`), ops and kernel
+(:mod:`harness.costs.memory`), measured traffic (:mod:`harness.costs.traffic`; a Triton kernel's
+loads and stores under the interpreter, :mod:`harness.costs.kernel_io`), ops and kernel
 launches per eager step (:mod:`harness.costs.ops`), the device's
 memory bandwidth (:mod:`harness.costs.bandwidth`) and memory estimates made before a model is built
 (:mod:`harness.costs.estimate`). Each takes a model, a step or a shape; none knows a case.
