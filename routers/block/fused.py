@@ -38,7 +38,7 @@ from torch import Tensor
 from ..mixer import EPS
 from .fused_launch import (contiguous_all, kernels, run_inv_rms, run_inv_rms_bwd, run_phase1, run_phase1_bwd,
                            run_phase2, run_phase2_bwd)
-from .lean import _distinct
+from .lean import distinct
 from .phases import Phases
 
 
@@ -214,7 +214,7 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
     ``coefs`` (bits of ``n_kinds`` kinds, or a (p, K) tensor) and ``kinds`` as
     :func:`routers.block.lean.merge` takes them."""
     b = None if bias is None or not details else bias
-    o, P, *rest = _distinct([o, P, *details, *updates])
+    o, P, *rest = distinct([o, P, *details, *updates])
     details, updates = rest[:len(details)], rest[len(details):]
     coef_t, bits = (coefs, 0) if isinstance(coefs, Tensor) else (None, int(coefs))
     return phase2_op(o, mx, s, q, P, list(details), b, list(updates), coef_t, bits, kinds.start, n_kinds,

@@ -346,7 +346,7 @@ def gains(P: Tensor, details: Sequence[Tensor], max_detail_scale: float) -> Tens
                                         max=max_detail_scale) for D in details])
 
 
-def _distinct(tensors: list[Tensor]) -> list[Tensor]:
+def distinct(tensors: list[Tensor]) -> list[Tensor]:
     """``tensors`` with every repeat of an object replaced by a view of it: at p = 1, P is u_0 (and
     so is a +1 detail), and Dynamo cannot trace a Function given one tensor twice. Compared with
     ``is``, never ``id()``: under the layer scope Dynamo would guard a region on the ids of its
@@ -365,7 +365,7 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
     :func:`rebuild` takes them, and ``kinds`` the seen detail kinds as a slice."""
     c = gains(P, details, max_detail_scale)
     b = None if bias is None or not details else bias
-    o, P, *rest = _distinct([o, P, *details, *updates])
+    o, P, *rest = distinct([o, P, *details, *updates])
     details, updates = rest[:len(details)], rest[len(details):]
     if isinstance(coefs, Tensor):
         return Phase2.apply(kinds.start, kinds.stop, n_kinds, 0, scope, o, mx, s, q, b, c, coefs, P, *details,
