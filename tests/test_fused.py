@@ -333,3 +333,12 @@ def test_fused_on_cuda_equals_naive_and_replays_from_a_cuda_graph(name):
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):
         assert torch.equal(a, b) or float((a.float() - b.float()).norm() / b.float().norm()) < 1e-3
+
+
+def test_a_block_of_18_sublayers_rebuilds_its_details_from_34_coefficient_bits():
+    """wav_v1, 9 layers in one block: phase 2's backward decodes update i's coefficient in kind j
+    from bit 2i + j of an int past 32 bits (an int32 shift would be undefined there)."""
+    ref = _run(_build("wav_v1", torch.float32, "naive", 9, 1, True), torch.float32, False)
+    got = _run(_build("wav_v1", torch.float32, "fused", 9, 1, True), torch.float32, False)
+    errs = _errors(ref, got)
+    assert max(errs.values()) < 1e-4, max(errs, key=errs.get)

@@ -164,16 +164,18 @@ def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale):
 
 def _phase2_setup(ctx, inputs, output):
     o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale = inputs
-    ctx.meta = (len(details), len(updates), bits, k_lo, n_kinds, max_scale, o.dtype, P.dtype)
+    ctx.meta = (len(details), len(updates), bits, k_lo, n_kinds, max_scale, o.dtype, P.dtype,
+                [t.dtype for t in details])
     ctx.save_for_backward(output, mx, s, q, bias, coef_t, *updates)
 
 
 def _phase2_backward(ctx, g):
-    K, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype = ctx.meta
+    K, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype, d_dtypes = ctx.meta
     h, mx, s, q, bias, coef_t, *updates = ctx.saved_tensors
     g_o, g_s, g_p, g_d, g_q, g_b = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
                                                  max_scale)
-    return (g_o.to(o_dtype), None, g_s, g_q.to(q.dtype), g_p.to(p_dtype), list(g_d.unbind(0)),
+    return (g_o.to(o_dtype), None, g_s, g_q.to(q.dtype), g_p.to(p_dtype),
+            [g.to(dt) for g, dt in zip(g_d.unbind(0), d_dtypes)],
             None if bias is None else g_b.to(bias.dtype), [None] * U, None, None, None, None, None)
 
 

@@ -113,7 +113,7 @@ def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, K: tl.con
     tl.store(h + row * d + cols, out.to(h.dtype.element_ty), mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bits"])
 def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq_part, gb_part,
                R, d, eps, max_scale, rows_per_prog, K: tl.constexpr, U: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -147,7 +147,7 @@ def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, 
             if HAS_COEF_T:
                 ci = tl.load(coef_t + i * n_kinds + k_lo + kk, mask=km, other=0.0).to(tl.float32)
             else:
-                ci = tl.where(((bits >> (i * n_kinds + k_lo + kk)) & 1) == 1, 1.0, -1.0)
+                ci = tl.where(((bits.to(tl.int64) >> (i * n_kinds + k_lo + kk)) & 1) == 1, 1.0, -1.0)
             Dt = (Dt + ci[:, None] * u.to(tl.float32)[None, :]).to(u0.dtype).to(tl.float32)
         Pv = Pv.to(tl.float32)
         mu = tl.load(mx + row, mask=live, other=0.0)
