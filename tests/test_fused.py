@@ -342,3 +342,25 @@ def test_a_block_of_18_sublayers_rebuilds_its_details_from_34_coefficient_bits()
     got = _run(_build("wav_v1", torch.float32, "fused", 9, 1, True), torch.float32, False)
     errs = _errors(ref, got)
     assert max(errs.values()) < 1e-4, max(errs, key=errs.get)
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_checks_fused_parity_and_records_its_kernel_bytes(tmp_path):
+    """``routerbench run`` of haares naive and fused on this device: fused passes the parity check
+    against naive before it is timed, and its rows carry ``router_io_kernel`` beside
+    ``router_io_ideal``."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.rundir.records import load_rows
+    res = CliRunner().invoke(main, ["run", "--routers", "prenorm,haares", "--impls", "naive,fused", "--widths", "16",
+                                    "--depths", "2", "--seq-len", "8", "--batch-size", "2", "--modes", "fwd_bwd",
+                                    "--repeats", "2", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager",
+                                    "--no-train", "--no-report", "--quiet", "--out", str(tmp_path), "--run-id", "t"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rows = [r for r in load_rows([next(tmp_path.glob("*/t"))]) if r.get("impl") == "fused"]
+    by = {r["metric"]: r for r in rows}
+    assert by["parity_error"]["status"] == "ok" and by["parity_error"]["value"] < 1e-4
+    assert by["step_time"]["status"] == "ok"
+    assert 0 < by["router_io_kernel"]["value"] and by["router_io_ideal"]["value"] > 0
