@@ -30,6 +30,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 from routers import build_router, impls, route  # noqa: E402
 from routers.block import fused, fused_launch, phases  # noqa: E402
 from routers.block.plan import coefficient_bits  # noqa: E402
+from test_lean import tanh_sublayers  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DETAILS = {"block_attnres": 0, "haares": 1, "wav_v1": 2}
@@ -55,12 +56,7 @@ def _run(r, dtype: torch.dtype, region: bool) -> dict[str, torch.Tensor]:
     e = torch.randn(B, T, D, generator=g).to(DEVICE, dtype).requires_grad_()
     weights = [(torch.randn(D, D, generator=g) / math.sqrt(D)).to(DEVICE, dtype) for _ in r.slots]
     us = []
-
-    def sublayer(slot, h):
-        u = torch.tanh(h @ weights[slot.index])
-        u.retain_grad()
-        us.append(u)
-        return u
+    sublayer = tanh_sublayers(weights, us)
     if region:
         state = r.begin(r.init_state(e, region=True))
         for slot in r.slots:

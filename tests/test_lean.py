@@ -25,17 +25,21 @@ DETAILS = {"block_attnres": 0, "haares": 1, "wav_v1": 2}
 
 
 # --- the float64 gradient equality (item 5) ----------------------------------------------------
-def _contract(router, e, weights):
-    """The router contract with a nonlinear sublayer u = tanh(h W_k) per slot (as the parity check
-    runs it): the reads, the output, and every sublayer output (retained for its gradient)."""
-    us = []
-
+def tanh_sublayers(weights, us: list):
+    """``(slot, h) -> u``: the nonlinear sublayer u = tanh(h W_k) of slot k (as the parity check
+    runs it), each u retained for its gradient and appended to ``us``."""
     def sublayer(slot, h):
         u = torch.tanh(h @ weights[slot.index])
         u.retain_grad()
         us.append(u)
         return u
-    return route(router, e, sublayer)[1], us
+    return sublayer
+
+
+def _contract(router, e, weights):
+    """The router contract with :func:`tanh_sublayers`: the output and every sublayer output."""
+    us = []
+    return route(router, e, tanh_sublayers(weights, us))[1], us
 
 
 def _grads(name: str, impl: str, **opts) -> dict[str, torch.Tensor]:

@@ -226,6 +226,25 @@ def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, N: tl.
 
 
 @triton.jit
+def _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, R, d):
+    """The queries ``mi`` (BLOCK_M, BLOCK_D) and their phase-1 statistics at ``row``: μ (−inf
+    replaced by 0), s, and s with 0 replaced by 1 (a fully masked row)."""
+    Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    mu = tl.load(mx + mi * R + row, mask=mm, other=0.0)
+    sv = tl.load(s + mi * R + row, mask=mm, other=1.0)
+    return Q, tl.where(mu == NEG_INF, 0.0, mu), sv, tl.where(sv == 0.0, 1.0, sv)
+
+
+@triton.jit
+def _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d):
+    """The gradients of the outputs ``mi`` at ``row`` (BLOCK_M, BLOCK_D): query 0's from g_o0
+    (R, d), the others' from g_rest (m − 1, R, d)."""
+    ptr = tl.where(mi[:, None] == 0, g_o0 + row * d + cols[None, :],
+                   g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
+    return tl.load(ptr, mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v, g_r, g_l,
                R, d, n_q, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
                HAS_GO: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -244,19 +263,13 @@ def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
-    Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    mu = tl.load(mx + mi * R + row, mask=mm, other=0.0)
-    mu = tl.where(mu == NEG_INF, 0.0, mu)
-    sv = tl.load(s + mi * R + row, mask=mm, other=1.0)
-    s_safe = tl.where(sv == 0.0, 1.0, sv)
+    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, R, d)
     if HAS_GS:
         gs = tl.load(g_s + mi * R + row, mask=mm, other=0.0)
     else:
         gs = tl.zeros((BLOCK_M,), tl.float32)
     if HAS_GO:
-        gptr = tl.where(mi[:, None] == 0, g_o0 + row * d + cols[None, :],
-                        g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
-        G = tl.load(gptr, mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        G = _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d)
         dsum = tl.load(g_dot + mi * R + row, mask=mm, other=0.0)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
@@ -284,14 +297,8 @@ def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
-    Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    mu = tl.load(mx + mi * R + row, mask=mm, other=0.0)
-    mu = tl.where(mu == NEG_INF, 0.0, mu)
-    sv = tl.load(s + mi * R + row, mask=mm, other=1.0)
-    s_safe = tl.where(sv == 0.0, 1.0, sv)
-    gptr = tl.where(mi[:, None] == 0, g_o0 + row * d + cols[None, :],
-                    g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
-    G = tl.load(gptr, mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, R, d)
+    G = _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d)
     acc = tl.zeros((BLOCK_M,), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
