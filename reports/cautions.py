@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.timing import noise
+from routers import impls
 
 from . import frame, paired, race, tables
 from . import plotting as pl
@@ -62,6 +63,25 @@ def incomplete(df: pd.DataFrame, manifests: dict[str, dict]) -> list[str]:
             out.append(f"Incomplete: run {run_id} holds {got} of the {planned} cost cases it planned; the "
                        "others were never measured (the run was stopped or its process died): "
                        "`routerbench status` on its directory says how to resume it.")
+    return out
+
+
+def interpreted(df: pd.DataFrame, manifests: dict[str, dict]) -> list[str]:
+    """One sentence per run made with ``TRITON_INTERPRET=1`` (``manifest.json``'s environment)
+    whose rows hold a Triton impl's timings (``fused``, or a peer that runs under the interpreter):
+    Python ran those kernels, so their step times, ratios and × floor say nothing of a GPU."""
+    out = []
+    for run_id, m in (manifests or {}).items():
+        if str((m.get("environment") or {}).get("triton_interpret")) != "1":
+            continue
+        rows = df[(df["run_id"] == run_id) & (df["metric"] == "step_time")] if "run_id" in df else df.iloc[:0]
+        names = sorted(n for n in rows.get("impl", pd.Series(dtype=object)).dropna().unique()
+                       if n in impls.IMPLS and impls.IMPLS[n].interpretable)
+        if names:
+            out.append(f"Triton's interpreter: run {run_id} ran with TRITON_INTERPRET=1, so Python executed the "
+                       f"Triton kernels of {', '.join(names)} on the CPU; their step times, ratios and x floor are "
+                       "the interpreter's, not a GPU's. Only their parity and byte counts (router_io_kernel) "
+                       "carry over.")
     return out
 
 

@@ -208,13 +208,15 @@ def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     """The routers' I/O cost models (:func:`reports.tables.router_cost_table`): per router the
     ideal residual traffic (``io_ideal_d``: each input read once, each output written once, the
     AttnRes paper's Table 1 model, the same for every impl) beside the traffic each impl's eager
-    ops measured (``io_measured_d``), in d elements per token and sublayer; grouped bars, one
-    panel per depth (the ideal grows with the number of sublayers) at the largest width.
+    ops measured (``io_measured_d``: for ``fused``, its custom ops' inputs and outputs and the
+    eager adds around them) and, for ``fused``, what its Triton kernels load and store
+    (``io_kernel_d``), in d elements per token and sublayer; grouped bars, one panel per depth
+    (the ideal grows with the number of sublayers) at the largest width.
 
     Returns:
         ``<out_dir>/router_cost_models.png`` with ``router_cost_models.csv`` (``series`` =
-        ideal or measured, the router, impl and shape, ``d_elements``), or ``None`` without
-        router cost-model rows.
+        ideal, measured or kernels, the router, impl and shape, ``d_elements``), or ``None``
+        without router cost-model rows.
     """
     rc = tables.router_cost_table(df)
     rc = rc[rc["io_ideal_d"].notna() | rc["io_measured_d"].notna()]
@@ -231,7 +233,8 @@ def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
              .drop_duplicates(["family", "workload", *frame.SHAPE_COLS])
              .assign(series="ideal I/O model", d_elements=lambda r: r["io_ideal_d"]))
     measured = rc.assign(series="measured, " + rc["impl"], d_elements=rc["io_measured_d"])
-    data = pd.concat([ideal, measured], ignore_index=True)
+    kernels = rc.assign(series="kernels, " + rc["impl"], d_elements=rc["io_kernel_d"])  # fused only
+    data = pd.concat([ideal, measured, kernels[kernels["d_elements"].notna()]], ignore_index=True)
     data = data[data["d_elements"].notna()]
     data["panel"] = data["workload"] + " · L=" + data["n_layers"].astype(str)
     series = ["ideal I/O model"] + sorted(s for s in data["series"].unique()

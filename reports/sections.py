@@ -278,7 +278,8 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
         sections[0].blocks[len(said):len(said)] = _race_headline(df, manifests)
     if train is not None and not has_cost:  # a training run: its sentences are the summary
         sections.append(train)
-    warnings = cautions.incomplete(df, manifests) + cautions.race_threads(manifests) + cautions.warnings(df)
+    warnings = (cautions.incomplete(df, manifests) + cautions.interpreted(df, manifests)
+                + cautions.race_threads(manifests) + cautions.warnings(df))
     for run_id, m in manifests.items():
         split = (m.get("group_memory") or {}).get("split") or []
         if split:

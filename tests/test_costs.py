@@ -150,7 +150,7 @@ def test_live_state_bytes_by_hand():
     assert r.live_state_bytes(B, T, impl="two_phase") == 7 * unit + (2 + 2 * 4) * B * T * 4
     assert r.live_state_bytes(B, T) == 3 * unit                     # naive: e, C_1, P
     with pytest.raises(ValueError, match="impl"):
-        r.live_state_bytes(B, T, impl="fused")
+        r.live_state_bytes(B, T, impl="fla")  # a peer: costs as its schedule, not by name
     with pytest.raises(ValueError, match="impl"):
         build_router("prenorm", D, 4).live_state_bytes(B, T, impl="two_phase")
 

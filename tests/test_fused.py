@@ -360,3 +360,20 @@ def test_a_tiny_sweep_checks_fused_parity_and_records_its_kernel_bytes(tmp_path)
     assert by["parity_error"]["status"] == "ok" and by["parity_error"]["value"] < 1e-4
     assert by["step_time"]["status"] == "ok"
     assert 0 < by["router_io_kernel"]["value"] and by["router_io_ideal"]["value"] > 0
+
+
+def test_a_fully_masked_pool_gives_zeros_and_finite_gradients_through_both_phases():
+    """Phase 1 over a pool whose every source is a pad: o = 0, μ = −inf, s = 0; phase 2 then gives o
+    no weight, and every gradient (sources, query, P) is finite, none NaN."""
+    g = torch.Generator().manual_seed(4)
+    vals = [torch.randn(1, 2, D, generator=g).to(DEVICE).requires_grad_() for _ in range(3)]
+    q = torch.randn(2, D, generator=g).to(DEVICE).requires_grad_()
+    P = torch.randn(1, 2, D, generator=g).to(DEVICE).requires_grad_()
+    outs, mx, s = fused.phase1(q, None, vals, [fused.inv_rms(v) for v in vals], torch.zeros(3, dtype=torch.bool,
+                                                                                             device=DEVICE))
+    assert float(outs[0].abs().max()) == 0.0 and bool((mx == float("-inf")).all()) and float(s.abs().max()) == 0.0
+    h = fused.merge(outs[0], mx[0], s[0], q[0], P, [], None, 4.0, updates=[P], coefs=0, kinds=slice(0, 0))
+    torch.testing.assert_close(h, P)  # o has no weight: h is P
+    (h * torch.randn(h.shape, generator=g).to(DEVICE)).sum().backward()
+    for t in (*vals, q, P):
+        assert bool(torch.isfinite(t.grad).all())

@@ -36,7 +36,7 @@ def list_cmd() -> None:
         fam = impl.family.name if impl.family else "every"
         conv = "; ".join(f"{r}: " + ", ".join(f"{k}={v!r}" for k, v in o.items()) for r, o in impl.options.items())
         click.echo(f"  {name:15s} {fam:6s} {impl.schedule:11s} routers={','.join(impl.routers)}  "
-                   f"dtypes={','.join(impl.dtypes)}  devices={','.join(impl.devices)}  "
+                   f"dtypes={','.join(impl.dtypes)}  devices={','.join(impl.devices_here())}  "
                    + (f"conventions {conv}  " if conv else "")
                    + ("available" + (f" ({impl.package} {ver})" if ver else "") if not why else f"unavailable: {why}"))
     click.echo("backends: " + ", ".join(

@@ -87,13 +87,15 @@ def flops_key(case: Case) -> tuple:
 
 def impl_unavailable(case: Case, device: torch.device) -> str | None:
     """Why the case's implementation cannot run here (a peer kernel's package, device, dtype or
-    mode; ``routers/impls.py``), or None."""
-    if impls.family_of(case.router) is None or impls.get(case.impl, case.router).builtin:
+    mode, or ``fused``'s Triton, device or dtype; ``routers/impls.py``), or None."""
+    if impls.family_of(case.router) is None:
         return None
+    impl = impls.get(case.impl, case.router)
+    if impl.builtin:  # ours: naive, two_phase and lean run anywhere; fused needs Triton and CUDA (or its
+        return impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)  # interpreter), and no float64
     if case.compile_scope == "layer":
         return (f"impl {case.impl} is a peer kernel, which has no region form: it runs under "
                 "--compile-scope model")
-    impl = impls.get(case.impl, case.router)
     why = impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)
     if why is None and device.type == "cpu" and impl.interpretable and case.backend != "eager":
         why = f"impl {impl.name} runs on a CPU only under Triton's interpreter, eager only (not {case.backend})"

@@ -1,8 +1,9 @@
 """The ``fused`` implementation of the block routers (Attention Residuals, arXiv:2603.15031;
 WAV v1 / HAARES, arXiv:2606.06564): the two-phase schedule (``routers/block/two_phase.py``) with
 its math in Triton kernels (``routers/block/fused_kernels.py``), registered as ``torch.library``
-custom ops so that ``torch.compile`` treats each as one opaque call under both scopes and a CUDA
-graph captures its launches.
+custom ops so that ``torch.compile`` treats each as one opaque call under both scopes (tested on
+CPU under the interpreter) and a CUDA graph can capture its launches (``tests/test_fused.py``'s
+CUDA test; no GPU has run it yet).
 
 The ops (namespace ``routerbench``), each with a fake implementation and ``register_autograd``:
 
@@ -13,19 +14,23 @@ The ops (namespace ``routerbench``), each with a fake implementation and ``regis
   ``write_o`` is off: a pool of one source, whose outputs are that source), μ and s (m, B, T)
   float32. Backward: ``fused_phase1_bwd``, from the sources, inverse RMS, q, bias and μ, s;
 - ``fused_phase2(o, μ, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale)
-  -> h``: the merge of one read (``routers.block.phases.merge``). Its backward
-  (``fused_phase2_bwd``) keeps h, μ, s, q, bias and the block's updates, and rebuilds P and the
-  details from the updates as ``lean`` does (``routers/block/lean.py``): ``updates`` oldest
-  first, with their coefficients in every detail kind as the bits of ``bits`` (eager and model
-  scope) or the (p, K) tensor ``coef_t`` (the layer scope).
+  -> h``: the merge of one read (``routers.block.phases.merge``): o, P (B, T, d) and μ, s (B, T)
+  of that read, q (d,), K' raw details (B, T, d) of kinds k_lo … k_lo + K' − 1 and their bias
+  (K',) or None, ρ = ``max_scale`` (the cap of the detached RMS-matching gain); h (B, T, d) in
+  o's dtype. Its backward (``fused_phase2_bwd``) keeps h, μ, s, q, bias and the block's updates
+  (p of them, oldest first, each (B, T, d)), and rebuilds P and the details from the updates as
+  ``lean`` does (``routers/block/lean.py``), with their coefficients in every one of ``n_kinds``
+  kinds as the bits of ``bits`` (bit i·n_kinds + j; eager and model scope) or the (p, n_kinds)
+  tensor ``coef_t`` (the layer scope).
 
-So the backward keeps what ``lean``'s keeps, less the float32 statistics that the kernels
-recompute (logits, weights, dots, gains). The FLOPs of the ops are counted on the naive twin
-(``Impl.opaque``). The kernels run on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1``
-(tests at tiny shapes), where every kernel runs its first config: the autotuner times configs
-through a GPU driver. On CUDA each kernel is autotuned over its configs (key: n, d and the
-dtypes) at its first call, which the harness's warm-up makes before any capture
-(``routers/block/fused_launch.py`` holds the configs and launches).
+So the backward keeps the tensors ``lean``'s keeps (the sources once, the block's updates, h), and
+of its float32 statistics only μ and s: the kernels recompute the logits, weights, dots and gains.
+The FLOPs of the ops are counted on the naive twin (``Impl.opaque``). The kernels run on CUDA,
+and on CPU tensors under ``TRITON_INTERPRET=1`` (tests at tiny shapes), where every kernel runs
+its first config: the autotuner times configs through a GPU driver. On CUDA each kernel is
+autotuned over its configs at its first call (``fused_launch.KEYS``: d and the pool and query
+counts, or the detail kinds and updates, beside the dtypes), which the harness's warm-up makes
+before any capture (``routers/block/fused_launch.py`` holds the configs and launches).
 """
 
 from __future__ import annotations
@@ -151,7 +156,7 @@ def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: 
         kernels(), g, h.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(),
         None if bias is None else bias.contiguous(), contiguous_all(updates),
         None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale)
-    return g_o, g_s, g_p, g_d.clone(), g_q, g_q.new_zeros((0,)) if g_b is None else g_b
+    return g_o, g_s, g_p, g_d, g_q, g_q.new_zeros((0,)) if g_b is None else g_b
 
 
 @phase2_bwd_op.register_fake

@@ -10,9 +10,10 @@ Conventions of every kernel:
 - a token row is one (d,) row of a contiguous (B, T, d) tensor, R = B·T rows; offsets are int64;
 - the pool's sources and a block's updates come as a tuple of pointers (one specialisation per
   tuple length), never stacked into one tensor (a stack would cost a write and a read of the pool);
-- loads are converted to float32 and every dot, norm and softmax statistic accumulates in float32
-  (row-wise products and ``tl.sum``, no ``tl.dot``: no TF32 on any device); outputs are stored in
-  their tensor's dtype;
+- loads are converted to float32 and every dot, norm and softmax statistic in a kernel accumulates
+  in float32 (row-wise products and ``tl.sum``, no ``tl.dot``: no TF32 on any device); outputs
+  are stored in their tensor's dtype (the second stage of phase 1's ∂/∂q is a torch matmul,
+  ``fused_launch.run_phase1_bwd``);
 - a logit of a pad (``valid`` 0) is −inf, and a row whose every logit is −inf gives o = 0, μ = −inf,
   s = 0 and zero gradients, never NaN (the max is replaced by 0 where it is −inf);
 - a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage, never atomic (the autotuner
@@ -120,7 +121,8 @@ def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, 
     """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows: P and the details are
     rebuilt from the block's updates u_0 … u_{p−1} (oldest first) by the forward's own sums, each
     rounded to the updates' dtype (coefficient of update i in detail kind k_lo + j: bit
-    i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). With every weight w:
+    i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). The gain c is a constant
+    here, as it is detached in ``routers.block.phases.merge``. With every weight w:
     gℓ_S = w_S(g·S − g·h) for S = P, c·D; ∂/∂o = w_o·g; ∂/∂s = −Σ gℓ / s; ∂/∂S = w_S·g + k_q·q + k_s·S
     with k_q = gℓ·c·ρ and k_s = −k_q·c²·t·ρ²/d. ∂/∂q and ∂/∂bias: this program's partial sums."""
     pid = tl.program_id(0).to(tl.int64)
@@ -159,7 +161,9 @@ def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, 
         gl_p = w_p * (tl.sum(gv * Pv, axis=0) - gh)
         gl_d = tl.where(km, w_d * (c * tl.sum(gv[None, :] * Dt, axis=1) - gh), 0.0)
         tl.store(g_o + row * d + cols, (w_o * gv).to(g_o.dtype.element_ty), mask=lm)
-        tl.store(g_s + row, -(gl_p + tl.sum(gl_d, axis=0)) / sv, mask=live)
+        # s = 0 (phase 1 over a fully masked pool): o has no weight, and s no gradient
+        tl.store(g_s + row, tl.where(sv == 0.0, 0.0, -(gl_p + tl.sum(gl_d, axis=0)) / tl.where(sv == 0.0, 1.0, sv)),
+                 mask=live)
         kq_p = gl_p * r_p
         ks_p = -kq_p * t_p * r_p * r_p / d
         tl.store(g_p + row * d + cols, (w_p * gv + kq_p * qv + ks_p * Pv).to(g_p.dtype.element_ty), mask=lm)
@@ -193,8 +197,9 @@ def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, N: tl.
                HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """m = n_q queries q (m, d) over the N sources of one token row, by online softmax in one pass
-    over the sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; an m×d
-    float32 tile in registers spills at d = 1024): o_i (query 0 into o0 (R, d), the rest into o_rest (m − 1, R, d), unless
+    over the sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; the
+    launcher keeps a program's BLOCK_M × BLOCK_D float32 tiles at 4,096 floats, past which they
+    spill on sm_90): o_i (query 0 into o0 (R, d), the rest into o_rest (m − 1, R, d), unless
     ``WRITE_O`` is off), μ_i the max and s_i the sum of exp(logit − μ_i) into mx, s (m, R)."""
     row = tl.program_id(0).to(tl.int64)
     mi = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -46,6 +46,19 @@ CONFIGS: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
 WIDTHS = (256, 512, 1024, 2048, 4096)
 
 
+def block_check(block_len: int, K: int) -> None:
+    """Phase 2's backward takes the coefficients of a block's earlier updates in every detail kind
+    as the bits of one int64 (bit i·K + j: update i, kind j; eager and model scope).
+
+    Raises:
+        ConfigError: a block of ``block_len`` sublayers with K detail kinds needs more than 63 bits.
+    """
+    if (block_len - 1) * K > 63:
+        raise ConfigError(f"--impls fused: a block of {block_len} sublayers with {K} detail kinds needs "
+                          f"{(block_len - 1) * K} coefficient bits, more than the 63 of phase 2's int64; "
+                          "use more blocks (n_blocks) or --impls lean")
+
+
 def configs(name: str, d: int) -> tuple[int, ...]:
     """The ``num_warps`` of kernel ``name``'s autotune configs at width d.
 
@@ -56,8 +69,8 @@ def configs(name: str, d: int) -> tuple[int, ...]:
     for top, warps in CONFIGS[name]:
         if bd <= top:
             return warps
-    raise ConfigError(f"--impls fused: d = {d} is wider than the {MAX_D} its kernels are compiled and checked "
-                     "for (routers/block/fused.py CONFIGS); use --impls lean at this width")
+    raise ConfigError(f"--impls fused: d = {d} (--widths) is wider than the {MAX_D} its kernels are compiled and "
+                      "checked for (routers/block/fused_launch.py CONFIGS); use --impls lean at this width")
 
 
 #: software-pipelining stages of every config: 1, as the kernels stream rows (with the default 3
@@ -168,13 +181,19 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tens
                    g_rest: Tensor | None, g_s: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """(∂/∂values (n, …, d), ∂/∂inv (n, …) float32, ∂/∂q (m, d) float32, ∂/∂bias (m, n) float32 or
     None). ∂/∂q and ∂/∂bias are the second stage of the kernel's sums: Σ_rows (gℓ·r)ᵀV_i per
-    source as a matmul in the sources' dtype (as the plain backward's), and Σ_rows gℓ."""
+    source as a torch matmul in the sources' dtype (as the plain backward's; in float32 on CUDA it
+    follows ``torch.backends.cuda.matmul.allow_tf32``, off by default), and Σ_rows gℓ.
+
+    Temporary memory: gℓ (n, m, B·T) float32, and where the queries take more than one program per
+    row (``query_block``: m·d past 4,096 floats, e.g. m > 4 at d = 1024) each group's partial
+    ∂/∂values in float32, groups × n × (B, T, d), summed here."""
     v0 = values[0]
     R, d = _rows(v0)
     m, n = q.shape[0], len(values)
     bm = query_block(m, d)
     groups = -(-m // bm)
-    g_v = v0.new_empty((groups, n, *v0.shape))
+    # one group: ∂/∂V in the sources' dtype; several: each group's partial in float32, summed after
+    g_v = v0.new_empty((groups, n, *v0.shape), dtype=v0.dtype if groups == 1 else torch.float32)
     g_r = v0.new_empty((groups, n, *v0.shape[:-1]), dtype=torch.float32)
     g_l = v0.new_empty((n, m, R), dtype=torch.float32)
     has_go = g_o0 is not None or (g_rest is not None and m > 1)
@@ -195,7 +214,7 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tens
         g_v, g_r, g_l, R, d, m, N=n, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
         HAS_GO=has_go, HAS_GS=g_s is not None, BLOCK_M=bm, BLOCK_D=pow2(d))
     if groups > 1:  # the second stage of the sum over queries
-        g_v, g_r = g_v.sum(0, dtype=torch.float32).to(v0.dtype), g_r.sum(0)
+        g_v, g_r = g_v.sum(0).to(v0.dtype), g_r.sum(0)
     else:
         g_v, g_r = g_v[0], g_r[0]
     g_q = q.new_zeros((m, d), dtype=torch.float32)
@@ -227,14 +246,14 @@ def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor,
     u0 = updates[0]
     g_o, g_p = torch.empty_like(h), torch.empty_like(u0)
     g_s = mx.new_empty(mx.shape)
-    g_d = u0.new_empty((max(K, 1), *u0.shape))
+    g_d = u0.new_empty((K, *u0.shape))
     gq = mx.new_empty((progs, d))
     gb = mx.new_empty((progs, bk))
     launcher(mod, "phase2_bwd", d)((progs,))(
         g.contiguous(), h, mx, s, q, q if bias is None else bias, tuple(updates), q if coef_t is None else coef_t,
-        bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq, gb, R, d, EPS, max_scale, per, K=K, U=len(updates),
+        bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, gq, gb, R, d, EPS, max_scale, per, K=K, U=len(updates),
         HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk, BLOCK_D=pow2(d))
-    return g_o, g_s, g_p, g_d[:K], gq.sum(0), gb.sum(0)[:K] if bias is not None else None
+    return g_o, g_s, g_p, g_d, gq.sum(0), gb.sum(0)[:K] if bias is not None else None
 
 
 @contextlib.contextmanager

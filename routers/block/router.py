@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from . import naive, two_phase
 from .costs import BlockCosts
 from .fused import FUSED
+from .fused_launch import block_check as fused_block_check
 from .fused_launch import configs as fused_configs
 from .lean import LEAN
 from .phases import PLAIN, Phases, inv_rms, readout
@@ -108,6 +109,8 @@ class BlockRouter(BlockCosts, Router):
         device; ``Decoder.to(dtype)`` casts neither, and a read takes slices of them); called again
         by a subclass once its options, which change the pools, are set."""
         self.plan = BlockPlan(self)
+        if self.impl == "fused":
+            fused_block_check(max(slot.block_len for slot in self.slots), self.plan.K)
         self.register_buffer("plan_codes", self.plan.codes, persistent=False)
         self.register_buffer("coef_table", self.plan.coefficient_table, persistent=False)
 
