@@ -89,7 +89,7 @@ _loaded: dict[tuple, object] = {}
 
 
 def kernels() -> ModuleType:
-    """``routers.block.fused_kernels`` (imports Triton on first use)."""
+    """``routers/block/fused_kernels.py`` (imported on first use: it imports Triton)."""
     from . import fused_kernels
     return fused_kernels
 
@@ -272,7 +272,7 @@ def interpreter() -> Iterator[None]:
 
 
 def interpreted_kernels() -> ModuleType:
-    """A fresh copy of ``routers.block.fused_kernels`` whose kernels run under Triton's interpreter
+    """A fresh copy of ``routers/block/fused_kernels.py`` whose kernels run under Triton's interpreter
     on CPU tensors (inside :func:`interpreter`), whatever ``TRITON_INTERPRET`` was: what
     ``harness.costs.kernel_io`` counts the kernels' bytes with, on a GPU machine too."""
     import importlib.util
