@@ -26,9 +26,11 @@ test-compile: venv
 KERNEL_TESTS := tests/test_fused.py tests/test_fused_compile.py tests/test_peers.py tests/test_parity.py
 test-kernels: venv
 	@if [ ! -f $(VENV)/.routerbench-kernels ] || [ pyproject.toml -nt $(VENV)/.routerbench-kernels ]; then \
-	  echo "setup: installing the kernels extra into $(VENV)"; \
-	  $(PY) -m pip install -q -e ".[kernels]" 2>&1 | grep -v -e "^WARNING: Location" -e "Editable" -e "^\s*$$" || true; \
-	  $(PY) -c "import triton; print('setup: triton', triton.__version__)" && touch $(VENV)/.routerbench-kernels; fi
+	  echo "setup: installing the kernels extra into $(VENV)"; t0=$$(date +%s); \
+	  PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[kernels]" \
+	    > $(VENV)/.kernels-pip.log 2>&1 || { cat $(VENV)/.kernels-pip.log; exit 1; }; \
+	  $(PY) -c "import triton; print('setup: triton', triton.__version__)" && \
+	  echo "setup: the kernels extra took $$(($$(date +%s) - t0)) s" && touch $(VENV)/.routerbench-kernels; fi
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS) $(ARGS)
 
 ## make bench: the pytest-benchmark suite (tests/benchmarks)
