@@ -132,21 +132,44 @@ def _phase_inputs(dtype=torch.float32, n=3, m=2, K=2, p=2, seed=0):
                 dbias=mk(K) if K else None)
 
 
+#: what ``torch.library.opcheck`` checks of an op (its result names each check it ran)
+OPCHECKS = {"test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"}
+
+
+def _opcheck(op, args) -> None:
+    result = torch.library.opcheck(op, args)
+    assert set(result) == OPCHECKS and set(result.values()) == {"SUCCESS"}, result
+
+
 def test_custom_ops_pass_opcheck():
     x = _phase_inputs()
     for t in x["values"] + [x["q"]] + x["updates"]:
         t.requires_grad_()
     x["bias"].requires_grad_()
-    torch.library.opcheck(fused.inv_rms_op, (x["values"][0], 1e-6))
-    torch.library.opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], x["bias"], None, True))
-    torch.library.opcheck(fused.phase1_op, (x["values"][:1], x["inv"][:1], x["q"], None, None, False))
+    _opcheck(fused.inv_rms_op, (x["values"][0], 1e-6))
+    _opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], x["bias"], None, True))
+    _opcheck(fused.phase1_op, (x["values"][:1], x["inv"][:1], x["q"], None, None, False))
     valid = torch.tensor([True, True, False], device=DEVICE)
-    torch.library.opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], None, valid, True))
+    _opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], None, valid, True))
     o, _, mx, s = fused.phase1_op(x["values"], x["inv"], x["q"].detach(), None, None, True)
     mx, s = mx[0].detach(), s[0]
-    torch.library.opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], x["details"], x["dbias"], x["updates"],
-                                            None, x["bits"], 0, 2, 4.0))
-    torch.library.opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
+    _opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], x["details"], x["dbias"], x["updates"], None, x["bits"],
+                               0, 2, 4.0))
+    _opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
+
+
+def test_opcheck_fails_an_op_whose_fake_is_wrong():
+    """Planted: an op whose fake gives a transposed layout (the bug phase 1's backward once had:
+    a ``.t()`` result against a contiguous fake) fails the check above."""
+    @torch.library.custom_op("routerbench_test::planted_fake", mutates_args=())
+    def planted(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).t()
+
+    @planted.register_fake
+    def _(x):
+        return x.new_empty((x.shape[1], x.shape[0]))
+    with pytest.raises(Exception, match="stride|fake|meta"):
+        _opcheck(planted, (torch.randn(3, 4, device=DEVICE),))
 
 
 # --- planted kernel bugs ---------------------------------------------------------------------

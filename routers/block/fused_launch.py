@@ -13,6 +13,7 @@ since the autotuner times configs through a GPU driver.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from types import ModuleType
 from typing import Iterator, Sequence
@@ -46,13 +47,17 @@ CONFIGS: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
 WIDTHS = (256, 512, 1024, 2048, 4096)
 
 
-def block_check(block_len: int, K: int) -> None:
-    """Phase 2's backward takes the coefficients of a block's earlier updates in every detail kind
-    as the bits of one int64 (bit i·K + j: update i, kind j; eager and model scope).
+def check_router(d: int, block_len: int, K: int) -> None:
+    """What the kernels take, checked when a ``fused`` router is built (before any heavy work):
+    width d within :data:`MAX_D` (:func:`configs`), and the coefficients of a block's earlier
+    updates in every detail kind within the one int64 phase 2's backward takes them in (bit
+    i·K + j: update i, kind j; eager and model scope).
 
     Raises:
-        ConfigError: a block of ``block_len`` sublayers with K detail kinds needs more than 63 bits.
+        ConfigError: d > :data:`MAX_D`, or a block of ``block_len`` sublayers with K detail kinds
+            needs more than 63 bits.
     """
+    configs("phase1_fwd", d)
     if (block_len - 1) * K > 63:
         raise ConfigError(f"--impls fused: a block of {block_len} sublayers with {K} detail kinds needs "
                           f"{(block_len - 1) * K} coefficient bits, more than the 63 of phase 2's int64; "
@@ -85,29 +90,24 @@ KEYS: dict[str, tuple[str, ...]] = {
 #: the programs (two-stage, no atomics)
 MAX_PROGRAMS = 256
 
-_loaded: dict[tuple, object] = {}
-
-
 def kernels() -> ModuleType:
     """``routers/block/fused_kernels.py`` (imported on first use: it imports Triton)."""
     from . import fused_kernels
     return fused_kernels
 
 
+@functools.lru_cache(maxsize=None)
 def launcher(mod: ModuleType, name: str, d: int):
     """Kernel ``name`` of ``mod`` at width d, ready to index with a grid: autotuned over its
     :func:`configs` on a GPU, or their first under the interpreter (a kernel defined while
-    ``TRITON_INTERPRET=1``)."""
+    ``TRITON_INTERPRET=1``). Made once per (module, kernel, width): a launch looks it up."""
     import triton
     from triton.runtime.interpreter import InterpretedFunction
     fn, warps = getattr(mod, name), configs(name, d)
     if isinstance(fn, InterpretedFunction):
         return lambda grid: (lambda *a, **k: fn[grid](*a, num_warps=warps[0], num_stages=NUM_STAGES, **k))
-    key = (id(mod), name, warps)
-    if key not in _loaded:
-        _loaded[key] = triton.autotune([triton.Config({}, num_warps=w, num_stages=NUM_STAGES) for w in warps],
-                                       key=list(KEYS[name]))(fn)
-    return _loaded[key].__getitem__
+    return triton.autotune([triton.Config({}, num_warps=w, num_stages=NUM_STAGES) for w in warps],
+                           key=list(KEYS[name]))(fn).__getitem__
 
 
 def pow2(n: int) -> int:

@@ -26,8 +26,7 @@ from ..errors import ConfigError
 from . import naive, two_phase
 from .costs import BlockCosts
 from .fused import FUSED
-from .fused_launch import block_check as fused_block_check
-from .fused_launch import configs as fused_configs
+from .fused_launch import check_router as fused_check
 from .lean import LEAN
 from .phases import PLAIN, Phases, inv_rms, readout
 from .plan import BlockPlan
@@ -91,8 +90,6 @@ class BlockRouter(BlockCosts, Router):
         #: schedule), or None
         self.peer_kernel, self.peer_mix = not spec.builtin, spec.mix
         #: the two-phase math: lean's Functions, a peer's phases, or plain autograd
-        if impl == "fused":
-            fused_configs("phase1_fwd", d_model)  # a width its kernels are not checked for: ConfigError now
         self.phases = BUILTIN_PHASES[impl] if spec.builtin and impl in BUILTIN_PHASES else \
             Phases(inv_rms, *spec.phases, readout) if spec.phases is not None else PLAIN
         self.block_unit = block_unit
@@ -110,7 +107,7 @@ class BlockRouter(BlockCosts, Router):
         by a subclass once its options, which change the pools, are set."""
         self.plan = BlockPlan(self)
         if self.impl == "fused":
-            fused_block_check(max(slot.block_len for slot in self.slots), self.plan.K)
+            fused_check(self.d_model, max(slot.block_len for slot in self.slots), self.plan.K)
         self.register_buffer("plan_codes", self.plan.codes, persistent=False)
         self.register_buffer("coef_table", self.plan.coefficient_table, persistent=False)
 
