@@ -4,7 +4,8 @@
 report``. Results are read with ``load(RESULTS…)`` (:mod:`reports.loading`: the tidy case frame, with
 ``run_rows``, ``damaged`` and ``export_frame`` beside it). What the report is made of is importable
 on its own: the long frame (:mod:`reports.frame`),
-tables (:mod:`reports.tables`, :mod:`reports.paired`, :mod:`reports.floor`, :mod:`reports.impls`),
+tables (:mod:`reports.tables`, :mod:`reports.paired`, :mod:`reports.paper_baseline`, :mod:`reports.floor`,
+:mod:`reports.impls`),
 the training race (:mod:`reports.training`, :mod:`reports.race`), figures
 (:mod:`reports.time_figures`, :mod:`reports.count_figures`, :mod:`reports.training_figures`, on
 :mod:`reports.plotting`), sentences (:mod:`reports.sentences`, :mod:`reports.summary`), and the
@@ -23,6 +24,7 @@ from .environment import environment_table  # noqa: E402
 from .frame import load_frame  # noqa: E402
 from .loading import damaged, export_frame, load, run_rows  # noqa: E402
 from .paired import paired_ratio_figure, paired_ratio_table  # noqa: E402
+from .paper_baseline import paired_vs_paper_table  # noqa: E402
 from .report import build_report  # noqa: E402
 from .tables import failures, overhead_table, step_time_summary, training_by_router, training_summary  # noqa: E402
 from .time_figures import compile_vs_eager, step_time_overhead_vs_width  # noqa: E402
@@ -32,4 +34,5 @@ __all__ = [
     "load", "run_rows", "damaged", "export_frame", "build_report", "load_frame", "step_time_summary", "overhead_table", "training_summary",
     "training_by_router", "failures", "environment_table", "step_time_overhead_vs_width",
     "flops_vs_depth", "loss_curves", "compile_vs_eager", "paired_ratio_table", "paired_ratio_figure",
+    "paired_vs_paper_table",
 ]

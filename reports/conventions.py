@@ -1,4 +1,4 @@
-"""The mHC conventions of every mHC implementation timed (docs/BASELINES.md, "mhc"): mHC has no
+"""The mHC conventions of every mHC implementation timed (docs/BASELINES.md, "Stream routers"): mHC has no
 single reference, its public ports disagree on the Sinkhorn start and iteration count, which of
 H_res and H_resᵀ mixes the streams, the H_post multiplier and where ε sits, so a time of "mHC" is
 only reproducible beside the conventions it ran with. One row per run, impl and options: each

@@ -1,4 +1,4 @@
-"""The documented way to read routerbench results into pandas (README, "Loading results").
+"""The documented way to read routerbench results into pandas (docs/SWEEPS.md, "Loading results").
 
 :func:`load` reads run directories, folders holding them, and pytest-benchmark JSON files into the
 tidy case frame; :func:`run_rows` and :func:`damaged` give what it keeps apart (the rows of a run as

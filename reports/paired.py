@@ -345,8 +345,10 @@ def paired_ratio_figure(df: pd.DataFrame, out_dir: Path | str,
     return save_png(paired_ratio_grid(t), Path(out_dir) / "paired_ratios.png", 110)
 
 
-def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
-    """The figure of :func:`paired_ratio_figure` from a non-empty :func:`paired_ratio_table`:
+def paired_ratio_grid(table: pd.DataFrame, xlabel: str = "step time / prenorm (×, log)",
+                      title: str = "Per-pair step-time ratio to prenorm") -> plt.Figure:
+    """The figure of :func:`paired_ratio_figure` from a non-empty :func:`paired_ratio_table` (or
+    a table of the same columns against another baseline, ``xlabel`` and ``title`` naming it):
     three panels of :data:`PANEL_WIDTH_IN` to a row, a run legend only for two or more runs."""
     t = table.copy()
     shared = t.groupby(list(SAME_CASE), dropna=False)["run_id"].transform("nunique") > 1
@@ -366,7 +368,7 @@ def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
         g.map_dataframe(_draw, runs=runs, palette=palette)
     g.set_titles("{col_name}", size=9)
     shared_ratio_axes(g.axes.flat, "x")  # one log axis: panels read against each other
-    g.set_axis_labels("step time / prenorm (×, log)", "")
+    g.set_axis_labels(xlabel, "")
     if len(runs) > 1:  # a legend of one run says nothing the title does not
         seen: dict = {}
         for ax in g.axes.flat:
@@ -374,7 +376,7 @@ def paired_ratio_grid(table: pd.DataFrame) -> plt.Figure:
                 seen.setdefault(lbl, h)
         g.figure.legend(list(seen.values()), list(seen), title="run", loc="upper left",
                         bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize=8)
-    g.figure.suptitle(f"Per-pair step-time ratio to prenorm: median and {CONF:.0%} bootstrap CI, one log axis"
+    g.figure.suptitle(f"{title}: median and {CONF:.0%} bootstrap CI, one log axis"
                       + (", repeated runs side by side" if compare else "")
                       + (f" (run {runs[0]})" if len(runs) == 1 else ""), y=1.02, fontsize=10)
     return g.figure

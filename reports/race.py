@@ -1,5 +1,5 @@
 """The training race: each router against its baselines, paired by seed (MEASUREMENT.md, "Time to
-target").
+target loss").
 
 :func:`comparison_table` pairs the runs of :func:`reports.training.run_frame` by seed within one run
 and backend: the time-to-target ratio and its two factors (steps, time per step) from
@@ -121,9 +121,25 @@ def _why(side: dict[int, pd.Series], seed: int) -> str:
     return "" if r["status"] == "ok" else r["status"]
 
 
+def _bound_words(entry: str, who: str, base: str) -> str:
+    """What a censored time ratio (``"> 1.6"``, ``"< 0.8"`` of :func:`harness.stats.seeds.paired_ratio`)
+    says, in words: ``" (its time-to-target ratio is above 1.6: haares trained 1.6× prenorm's time to
+    target without reaching it)"``; "" for any other entry."""
+    if entry[:1] == ">":
+        x = entry[1:].strip()
+        return (f" (its time-to-target ratio is above {x}: {who} trained {x}× {base}'s time to target "
+                "without reaching it)")
+    if entry[:1] == "<":
+        x = entry[1:].strip()
+        return (f" (its time-to-target ratio is below {x}: {who} reached the target in {x}× the time "
+                f"{base} trained without reaching it)")
+    return ""
+
+
 def _dropped(p: dict, per_seed: dict) -> str:
     """Which seeds were left out of the time interval and why, e.g. ``"seed 2: haares not
-    converged (> 1.2)"``."""
+    converged (its time-to-target ratio is above 1.2: haares trained 1.2× prenorm's time to target
+    without reaching it)"``."""
     notes = []
     for seed, entry in per_seed.items():
         if not isinstance(entry, str):
@@ -131,7 +147,7 @@ def _dropped(p: dict, per_seed: dict) -> str:
         why = [f"{name} {w}" for name, side in ((p["variant"], p["treat"]),
                                                 (p["baseline"], p["base"]))
                if (w := _why(side, seed))]
-        bound = f" ({entry})" if entry[:1] in "<>" else ""
+        bound = _bound_words(entry, p["variant"], p["baseline"])
         notes.append(f"seed {seed}: {', '.join(why) or 'incomplete record'}{bound}")
     return "; ".join(notes)
 

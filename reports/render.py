@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from . import floor, impls, paired, sentences, summary
+from . import floor, impls, paired, paper_baseline, sentences, summary
 from .frame import SHAPE_COLS
 
 #: Report header and number format of each measured column.
@@ -53,6 +53,7 @@ COLUMN_STYLE.update(paired.COLUMN_STYLE)  # headers of the paired-timing table
 COLUMN_STYLE.update(floor.COLUMN_STYLE)
 COLUMN_STYLE.update(summary.COLUMN_STYLE)
 COLUMN_STYLE.update(impls.COLUMN_STYLE)
+COLUMN_STYLE.update(paper_baseline.COLUMN_STYLE)
 #: Case columns that, when equal in every row, move into a sentence above the table.
 _COMMON = ("run_id", "options", "impl", "backend", "compile_mode", "compile_scope", "mode", "workload",
            *SHAPE_COLS, "device", "seed", "interval")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import (count_figures, floor, frame, impls, paired, race, tables, time_figures, training,
-               training_figures)
+from . import (count_figures, floor, frame, impls, paired, paper_baseline, race, tables, time_figures,
+               training, training_figures)
 from .render import render_html, render_markdown
 from .sections import build_sections
 
@@ -19,7 +19,7 @@ FIGURES = {**{k: time_figures.FIGURES[k] for k in ("step_time_overhead_vs_width"
            "compile_vs_eager": time_figures.FIGURES["compile_vs_eager"],
            "compile_time_vs_depth": time_figures.FIGURES["compile_time_vs_depth"],
            "router_cost_models": count_figures.FIGURES["router_cost_models"],
-           **training_figures.FIGURES, **paired.FIGURES, **impls.FIGURES}
+           **training_figures.FIGURES, **paired.FIGURES, **paper_baseline.FIGURES, **impls.FIGURES}
 
 
 def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None,
@@ -37,6 +37,8 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None,
         File name -> path of everything written: ``report.md``, ``report.html``,
         ``overhead.csv`` (when there are cost cases), ``paired.csv``
         (:func:`reports.paired.paired_ratio_table`, when there are paired step times),
+        ``paper_baseline.csv`` (:func:`reports.paper_baseline.paired_vs_paper_table`, when a router
+        with a paper baseline, haares or wav_v1, was timed),
         ``training_runs.csv`` and ``training_comparison.csv`` (:mod:`reports.training`, :mod:`reports.race`, when
         there are training runs) and one ``<figure>.png`` per figure that had data, with
         ``<figure>.csv`` beside it where the figure writes its data. A CSV or figure without
@@ -62,6 +64,7 @@ def build_report(run_dirs: list[Path | str], out_dir: Path | str | None = None,
     written: dict[str, Path] = {}
     for name, table in (("overhead.csv", tables.overhead_table(df)),
                         ("paired.csv", paired.paired_ratio_table(df)),
+                        ("paper_baseline.csv", paper_baseline.paired_vs_paper_table(df)),
                         ("floor.csv", floor.floor_table(df)),
                         ("training_runs.csv", training.runs_table(df)),
                         ("training_comparison.csv", race.comparison_table(df))):

@@ -14,7 +14,8 @@ import pandas as pd
 from harness.rundir.records import aborted_summary
 from routers import BASELINE
 
-from . import cautions, conventions, count_figures, floor, frame, impls, paired, race, sentences, summary, tables, time_figures, training, training_figures
+from . import (cautions, conventions, count_figures, floor, frame, impls, paired, paper_baseline, race, sentences,
+               summary, tables, time_figures, training, training_figures)
 from .environment import environment_table
 from . import plotting as pl
 from .render import Section, table_blocks
@@ -221,6 +222,12 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                                                             "compile_mode", "compile_scope"))
     if not figs.get("paired_ratios"):  # else the summary shows it
         pairs.blocks.append(("text", paired.NO_DATA))
+    paper_t = paper_baseline.paired_vs_paper_table(df)
+    if not paper_t.empty:
+        pairs.blocks += [("subtitle", "Against the paper baseline: HAARES and WAV v1 vs Block AttnRes"),
+                         ("text", paper_baseline.METHOD)]
+        pairs.blocks += table_blocks(paper_t, paper_baseline.NO_TABLE, drop=("variant",),
+                                     split=("run_id", "mode", "backend", "compile_mode", "compile_scope"))
     floor_t = floor.floor_table(df)
     floors = Section("Physical floor: the router's extra bytes over the memory bandwidth",
                      [("text", floor.FLOOR_METHOD)])
@@ -270,6 +277,10 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
             if figs.get("paired_ratios"):
                 top.blocks.append(("figure", figs["paired_ratios"], "Per-pair ratio to prenorm (median; "
                                    "the stopping rule's interval or a 95 % bootstrap CI)"))
+            if figs.get("paper_ratios"):
+                top.blocks.append(("figure", figs["paper_ratios"], "HAARES and WAV v1 against Block AttnRes: "
+                                   "per-pair ratio to the paper baseline with the same impl, timed in the "
+                                   "same group (median; the stopping rule's interval or a 95 % bootstrap CI)"))
             top.blocks.append(("text", summary.METHOD))
             top.blocks += table_blocks(table, "")
             sections.append(top)

@@ -238,6 +238,27 @@ def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str,
     return text + "".join(f" ({f})" for f in flags)
 
 
+def _paper_clause(r: dict, quoted: list[tuple[str, str]], tolerance: float) -> str:
+    """``over block_attnres two_phase (same rounds): +16 % eager [CI 10 to 21 %], +8 % compiled
+    [CI 3 to 12 %]`` for a row with a ``paper_baseline``: each backend quoted against prenorm, against
+    the paper baseline timed in the same group; a backend where it was not timed says so, and a
+    row where it was timed in none says only that (no ratio divided across groups)."""
+    base = r["paper_baseline"].replace(" [", " ").rstrip("]")
+    said, missing = [], []
+    for key, word in quoted:
+        def v(c: str) -> float:
+            x = r.get(f"{key}_vs_paper{c}")
+            return float("nan") if x is None else x
+        p = _pct(v(""), v("_lo"), v("_hi"), r.get(f"{key}_vs_paper_noisy"), word, tolerance)
+        (said if p else missing).append(p or word)
+    if not said:
+        return f"{base} was not timed in the same group, so no paired ratio to it"
+    text = f"over {base} (same rounds): " + ", ".join(said)
+    if missing:
+        text += f" ({', '.join(missing)}: {base} not timed in the same group)"
+    return text
+
+
 def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
                   labels: list[tuple[str, str]] | None = None, host_bound: float = 0.8) -> str:
     """One sentence of a :func:`reports.summary.cost_summary` row, e.g. "haares two_phase over
@@ -250,7 +271,9 @@ def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
     On a ``cuda`` row whose ``busy_share`` is below ``host_bound`` the eager ratio is flagged
     ``(host-bound: the GPU was busy 36 % of the step)`` and the sentence says which ratio measures
     the router's device cost (graph replay, else compiled, else that none was timed). A backend
-    with no ratio but a ``<prefix>_failed`` text is said with it ("compiled failed: …")."""
+    with no ratio but a ``<prefix>_failed`` text is said with it ("compiled failed: …"). A row
+    with a ``paper_baseline`` (haares, wav_v1) ends with its ratio to it from the same rounds
+    (:func:`_paper_clause`)."""
     labels = labels or [("eager", "eager"), ("compile", "compiled")]
 
     def num(x) -> float:
@@ -285,5 +308,7 @@ def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
                      "device cost is not measured here")
     if r.get("saved_ratio") == r.get("saved_ratio") and r.get("saved_ratio") is not None:
         parts.append(f"{r['saved_ratio']:.2f}× the saved activations")
+    if isinstance(r.get("paper_baseline"), str) and r["paper_baseline"]:
+        parts.append(_paper_clause(r, [(k, w) for k, w in labels if k in quoted], tolerance))
     return ((f"In run {r['run_id']}, " if run else "") + f"{r['router']} {r['impl']} over prenorm at d={r['d_model']}, {r['n_layers']} layers, "
             f"T={r['seq_len']}, B={r['batch_size']}, {r['mode']}: " + "; ".join(parts) + ".")

@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.step.backends import DEFAULT_COMPILE_SCOPE
 
-from . import busy, floor, frame, paired, tables
+from . import busy, floor, frame, paired, paper_baseline, tables
 from .sentences import cost_sentence
 
 #: Widest interval, relative to its ratio ((hi − lo) / ratio), that is still quoted as a number.
@@ -65,6 +65,11 @@ COLUMN_STYLE = {
     "best_mfu_pct": ("best MFU (%)", "{:.2f}"), "best_mfu_backend": ("best MFU in", None),
     "eager_failed": ("eager: no timing", None), "compile_failed": ("compiled: no timing", None),
     "cudagraph_failed": ("graph replay: no timing", None),
+    "paper_baseline": ("paper baseline", None),
+    **{f"{k}_vs_paper{c}": (f"{w}{h}", f) for k, w in (("eager", "eager"), ("compile", "compiled"),
+                                                       ("cudagraph", "graph replay"))
+       for c, h, f in (("", " / paper baseline (×)", "{:.3f}"), ("_lo", " vs paper CI low", "{:.3f}"),
+                       ("_hi", " vs paper CI high", "{:.3f}"), ("_noisy", " vs paper noisy", None))},
 }
 
 
@@ -141,6 +146,33 @@ def _best_mfu(out: pd.DataFrame, df: pd.DataFrame, manifests: dict[str, dict]) -
     return out.merge(best, on=keys, how="left")
 
 
+def _vs_paper(out: pd.DataFrame, df: pd.DataFrame, keys: list[str], several_scopes: bool, keep,
+              prefixes: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """``out`` with, for rows whose router has a paper baseline (haares, wav_v1: block_attnres),
+    ``paper_baseline`` (``"block_attnres [two_phase]"``) and per backend prefix
+    ``<prefix>_vs_paper``, ``_vs_paper_lo``, ``_vs_paper_hi``, ``_vs_paper_noisy``: the paired ratio
+    to it from the same group (:func:`reports.paper_baseline.paired_vs_paper_table`; NaN where the
+    paper baseline did not run in that group), and the names of the columns added (none when no
+    timed router has a paper baseline)."""
+    pp = paper_baseline.paired_vs_paper_table(df)
+    if pp.empty:
+        return out, []
+    scope = pp["compile_scope"] if "compile_scope" in pp else pd.Series(None, index=pp.index)
+    pp = pp.assign(_key=[_label(b, sc, several_scopes, keep)[0] for b, sc in zip(pp["backend"], scope)])
+    names = ["paper_baseline"]
+    base = pp[[*keys, "paper_baseline"]].drop_duplicates(keys)
+    out = out.merge(base, on=keys, how="left")
+    for key in prefixes:
+        b = pp[(pp["_key"] == key) & pp["vs_paper"].notna()]
+        if b.empty:
+            continue
+        cols = {"vs_paper": f"{key}_vs_paper", "vs_paper_lo": f"{key}_vs_paper_lo",
+                "vs_paper_hi": f"{key}_vs_paper_hi", "noisy": f"{key}_vs_paper_noisy"}
+        out = out.merge(b[[*keys, *cols]].drop_duplicates(keys).rename(columns=cols), on=keys, how="left")
+        names += list(cols.values())
+    return out, names
+
+
 def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per run, router and impl (prenorm excluded): :data:`COLUMNS`, then the ratio, CI,
     noise and floor columns of any further compile scope (``compile_<scope>_ratio``, ...) and
@@ -152,7 +184,10 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
     ``manifests`` (run_id -> manifest) and a device of known peak: ``best_mfu_pct`` and
     ``best_mfu_backend`` last (:func:`_best_mfu`). A backend that failed, ran out of memory or was
     skipped at a row's mode and shape (and has no ratio there) fills ``<prefix>_failed`` with why
-    (:func:`_failed`; the column is absent when nothing failed)."""
+    (:func:`_failed`; the column is absent when nothing failed). Rows of a router with a paper
+    baseline (haares, wav_v1) carry ``paper_baseline`` and, per backend, the paired ratio to it
+    (``<prefix>_vs_paper`` with its CI and noise, :func:`_vs_paper`); the columns are absent when
+    no such router was timed."""
     pt = paired.paired_ratio_table(df)
     if pt.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -205,12 +240,13 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
         out = out.merge(f, on=FAILED_KEYS, how="left")
         if f"{key}_ratio" in out:
             out.loc[out[f"{key}_ratio"].notna(), f"{key}_failed"] = None
+    out, paper = _vs_paper(out, df, keys, len(scopes) > 1, keep, [k for k, _ in words])
     said = [c for c in out if c.endswith("_failed") and out[c].notna().any()]
     mfu = []
     if manifests:
         out = _best_mfu(out, df, manifests)
         mfu = [c for c in ("best_mfu_pct", "best_mfu_backend") if c in out]
-    out = out.reindex(columns=[*COLUMNS, *extra, *said, *mfu]).reset_index(drop=True)
+    out = out.reindex(columns=[*COLUMNS, *extra, *paper, *said, *mfu]).reset_index(drop=True)
     out.attrs["labels"] = words
     return out
 

@@ -1,5 +1,5 @@
 """The training runs of a race: time to target loss, paired by seed (MEASUREMENT.md, "Time to
-target"); the comparisons between them are :mod:`reports.race`.
+target loss"); the comparisons between them are :mod:`reports.race`.
 
 From the rows of ``routerbench train`` (mode ``train``: measured runs; mode ``pilot``: the baseline
 run, with its own seed, that set the target loss) this module builds
@@ -22,15 +22,12 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from routers import BASELINE
+from routers import BASELINE, paper_baseline
 
 from . import sentences as say
 from .frame import BACKEND_ORDER, TRAIN_MODE, TRAIN_MODES
 
 PILOT_MODE = "pilot"
-#: The detail routers, compared also against Block AttnRes as their papers do.
-DETAIL_ROUTERS = ("haares", "wav_v1")
-PAPER_BASELINE = "block_attnres"
 #: What makes one training run.
 RUN_KEYS = ("run_id", "backend", "mode", "router", "variant", "seed", "case_key")
 #: Run-level metrics read from the rows without a ``repeat``.
@@ -56,15 +53,15 @@ def train_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def baselines_for(routers: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """Each router's baselines among ``routers``: ``prenorm`` for all but itself; for the detail
-    routers (``haares``, ``wav_v1``) also ``block_attnres`` when it was trained too, the
-    comparison of their papers."""
+    """Each router's baselines among ``routers``: ``prenorm`` for all but itself; for a router
+    whose paper measures it against another (``routers.paper_baseline``: ``block_attnres`` for
+    ``haares`` and ``wav_v1``) also that one when it was trained too."""
     routers = set(routers)
     out = {}
     for r in sorted(routers):
         bases = (BASELINE,) if BASELINE in routers and r != BASELINE else ()
-        if r in DETAIL_ROUTERS and PAPER_BASELINE in routers:
-            bases += (PAPER_BASELINE,)
+        if (paper := paper_baseline(r)) is not None and paper in routers:
+            bases += (paper,)
         out[r] = bases
     return out
 

@@ -22,7 +22,7 @@ from .registry import BASELINE  # noqa: E402
 #: Names of the package loaded on first use: name -> the module that defines it.
 _LAZY = {"Router": "base", "Slot": "base", "block_layout": "base", "default_n_blocks": "base",
          "ROUTERS": "registry", "build_router": "registry", "check_router_options": "registry",
-         "register": "registry", "route": "base", "router_class": "registry", "router_options": "registry"}
+         "paper_baseline": "registry", "register": "registry", "route": "base", "router_class": "registry", "router_options": "registry"}
 
 
 def __getattr__(name: str) -> Any:
@@ -41,4 +41,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["BASELINE", "ConfigError", "ROUTERS", "Router", "Slot", "block_layout", "build_router",
-           "check_router_options", "default_n_blocks", "register", "route", "router_class", "router_options"]
+           "check_router_options", "default_n_blocks", "paper_baseline", "register", "route", "router_class", "router_options"]

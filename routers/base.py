@@ -127,6 +127,11 @@ class Router(nn.Module, abc.ABC):
     name: str = "?"
     #: implementations this router offers (``impl=`` option); the first is the default.
     impls: tuple[str, ...] = ("naive",)
+    #: The router its paper measures it against, beside the PreNorm residual every router is
+    #: compared with (``None``: prenorm only). Where both ran in one paired group, the sweep times
+    #: it as a partner (:func:`harness.sweep.timed.partners`) and the reports quote the paired
+    #: ratio to it (:func:`reports.paper_baseline.paired_vs_paper_table`).
+    paper_baseline: str | None = None
 
     def __init__(self, d_model: int, n_layers: int) -> None:
         super().__init__()

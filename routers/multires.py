@@ -60,6 +60,9 @@ class MultiResolutionRouter(BlockRouter):
 
     #: the default until ``__init__`` sets the instance's (the base class plans with it first)
     partial_details = "always"
+    #: arXiv:2606.06564 measures HAARES and WAV v1 against Block AttnRes (their details off, they
+    #: are Block AttnRes: ``detail_bias_init=-inf``).
+    paper_baseline = "block_attnres"
 
     def __init__(self, d_model: int, n_layers: int, *, n_blocks: int | None = None,
                  block_unit: str = "layer", max_detail_scale: float = 4.0,

@@ -1,4 +1,4 @@
-"""The router registry: ``@register("name")`` fills :data:`ROUTERS` (DESIGN.md, "Registry")."""
+"""The router registry: ``@register("name")`` fills :data:`ROUTERS` (DESIGN.md, "Where does it go")."""
 
 from __future__ import annotations
 
@@ -81,6 +81,15 @@ def router_class(name: str) -> type:
     except KeyError:
         raise ConfigError(f"--routers: unknown router {name!r}; known routers: "
                           f"{', '.join(sorted(ROUTERS))}") from None
+
+
+def paper_baseline(name: str) -> str | None:
+    """The router ``name``'s paper measures it against beside prenorm (its class's
+    ``paper_baseline``, e.g. ``block_attnres`` for ``haares`` and ``wav_v1``); None for a router
+    without one and for a name this process does not know (records of a router not loaded here)."""
+    load_routers()
+    cls = ROUTERS.get(name)
+    return getattr(cls, "paper_baseline", None) if cls is not None else None
 
 
 def router_options(name: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,26 +12,49 @@ import workloads.decoder
 #: The full router × impl matrix of the compile tests runs with ``--compile-matrix`` (or
 #: RB_COMPILE_MATRIX=1; ``make test-compile``): cold, it takes about 9 minutes on a 2-core CPU.
 #: Without it, the cases marked ``compile_matrix`` are skipped and each compile test keeps a
-#: representative subset (README, "Tests").
+#: representative subset (docs/DEVELOPING.md, "Tests and make targets").
 COMPILE_MATRIX_ENV = "RB_COMPILE_MATRIX"
 
 
+#: A quiet machine's readings, in the formats of /proc/loadavg, /proc/pressure/cpu and /proc/stat.
+QUIET_READINGS = {"loadavg": "0.00 0.00 0.00 1/100 1\n",
+                  "pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                              "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+                  "stat": "cpu  100 0 100 10000 0 0 0 0 0 0\n"}
+
+
+#: Where the real readings are (what ``real_machine`` puts back).
+REAL_FILES = {"loadavg": Path("/proc/loadavg"), "pressure": Path("/proc/pressure/cpu"), "stat": Path("/proc/stat")}
+
+
 @pytest.fixture(scope="session")
-def quiet_loadavg(tmp_path_factory):
-    path = tmp_path_factory.mktemp("loadavg") / "loadavg"
-    path.write_text("0.00 0.00 0.00 1/100 1\n")
-    return path
+def quiet_readings(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quiet-machine")
+    for name, text in QUIET_READINGS.items():
+        (root / name).write_text(text)
+    return root
 
 
 @pytest.fixture(autouse=True)
-def planted_quiet_load_average(monkeypatch, quiet_loadavg):
-    """The load average every test reads in-process is a planted quiet one (a file in
-    ``/proc/loadavg``'s format): the test suite's own work keeps the real one near the CPU count,
-    which would make each command warn of a busy machine and widen its plan. Tests of the busy
-    case plant their own reading; CPU pressure stays the machine's (tests that depend on it plant
-    it too)."""
-    from harness.timing import noise
-    monkeypatch.setattr(noise, "LOADAVG_FILE", quiet_loadavg)
+def planted_quiet_machine(monkeypatch, quiet_readings):
+    """Every reading of the machine's load a test makes in-process is a planted quiet one: the
+    load average, the CPU pressure (a static total, so a timing's pressure reads 0) and the CPU
+    time other work holds (a static /proc/stat). The test suite's own work, and whatever else
+    runs on the machine, would otherwise make a command warn of a busy machine, widen its plan,
+    flag or re-time its groups. Tests of the busy case plant their own readings."""
+    from harness.timing import noise, others
+    monkeypatch.setattr(noise, "LOADAVG_FILE", quiet_readings / "loadavg")
+    monkeypatch.setattr(noise, "PRESSURE_FILE", quiet_readings / "pressure")
+    monkeypatch.setattr(others, "STAT_FILE", quiet_readings / "stat")
+
+
+@pytest.fixture
+def real_machine(monkeypatch):
+    """The machine's own load readings, for the tests that load it on purpose and read what it did."""
+    from harness.timing import noise, others
+    monkeypatch.setattr(noise, "LOADAVG_FILE", REAL_FILES["loadavg"])
+    monkeypatch.setattr(noise, "PRESSURE_FILE", REAL_FILES["pressure"])
+    monkeypatch.setattr(others, "STAT_FILE", REAL_FILES["stat"])
 
 
 @pytest.fixture

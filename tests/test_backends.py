@@ -284,3 +284,25 @@ def test_reduce_overhead_equals_eager(name, impl, scope):
     outs = [step() for _ in range(3)]  # kept outputs must survive later replays
     for out in outs:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_inductors_isa_probe_runs_beside_the_set_ups_and_is_optional(monkeypatch):
+    """warm_inductor starts Inductor's once-per-process vector-ISA probe in the background on a CPU
+    and returns the wait for it; afterwards the probe's answer is the one Inductor computes itself.
+    On CUDA, or with a torch whose Inductor lacks the probe, it starts nothing and the wait returns
+    at once."""
+    import threading
+
+    from harness.step import backends
+    from torch._inductor import cpu_vec_isa
+    before = threading.active_count()
+    done = backends.warm_inductor(torch.device("meta"))
+    assert done() is None and threading.active_count() == before
+    wait = backends.warm_inductor(torch.device("cpu"))
+    wait()
+    assert not any(t.name == "warm-inductor" for t in threading.enumerate())
+    cached = cpu_vec_isa.valid_vec_isa_list()
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    assert [str(i) for i in cpu_vec_isa.valid_vec_isa_list()] == [str(i) for i in cached]
+    monkeypatch.delattr(cpu_vec_isa, "supported_vec_isa_list")
+    assert backends.warm_inductor(torch.device("cpu"))() is None

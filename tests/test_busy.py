@@ -52,19 +52,19 @@ def test_a_cuda_run_with_graph_rows_quotes_both_backends_and_flags_eager_host_bo
     assert said == ["haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +50 % eager "
                     "[CI 50 to 50 %] (host-bound: the GPU was busy 36 % of prenorm's eager step); +20 % graph "
                     "replay [CI 20 to 20 %]; graph replay measures the router's device cost, eager "
-                    "mostly host overhead."]
+                    "mostly host overhead; block_attnres naive was not timed in the same group, so no paired ratio to it."]
 
 
 def test_a_cuda_run_without_graph_rows_says_nothing_of_the_host(tmp_path):
     said, _ = _run(tmp_path, "cuda", ("eager",))
     assert said == ["haares naive over prenorm at d=16, 2 layers, T=8, B=2, train_step: +40 % eager "
-                    "[CI 40 to 40 %]."]
+                    "[CI 40 to 40 %]; block_attnres naive was not timed in the same group, so no paired ratio to it."]
 
 
 def test_a_cpu_eager_run_keeps_its_sentence(tmp_path):
     said, table = _run(tmp_path, "cpu", ("eager",))
     assert said == ["haares naive over prenorm at d=16, 2 layers, T=8, B=2, train_step: +40 % eager "
-                    "[CI 40 to 40 %]."]
+                    "[CI 40 to 40 %]; block_attnres naive was not timed in the same group, so no paired ratio to it."]
     assert table.busy_share.isna().all()
 
 
@@ -241,7 +241,7 @@ def test_a_backend_that_failed_is_said_with_why_where_it_failed(tmp_path):
             _rows(u, "haares", "eager", [1.4 * 14.0] * 6, mode="train_step")
     said, table = cost_sentences(load_frame([tmp_path]))
     assert said == ["haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +50 % eager [CI 50 to 50 %]; "
-                    "compiled failed: BackendCompilerFailed: backend='inductor' raised: boom."]
+                    "compiled failed: BackendCompilerFailed: backend='inductor' raised: boom; block_attnres naive was not timed in the same group, so no paired ratio to it."]
     assert table["compile_failed"].iloc[0].startswith("failed: BackendCompilerFailed")
     assert "cudagraph_failed" not in table
 

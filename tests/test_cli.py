@@ -61,6 +61,27 @@ def test_run_end_to_end_and_resume(tmp_path, monkeypatch):
     assert not (run_dir / LEGACY_DONE_FILE).exists()
 
 
+def test_run_ends_with_the_verdict_and_summary_then_the_report_path(tmp_path):
+    """What a run measured is on the terminal at its end, as `routerbench summary` prints it
+    (haares also against block_attnres from the same rounds), then where the report is."""
+    args = ["run", "--routers", "prenorm,block_attnres,haares", "--widths", "16", "--depths", "2", "--modes",
+            "fwd_bwd", "--repeats", "5", "--max-attempts", "1", "--warmup-s", "0", "--backends", "eager",
+            "--impls", "naive", "--no-train", "--no-flops", "--out", tmp_path, "--run-id", "r1"]
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    out = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    run_dir = next(tmp_path.glob("*/r1"))
+    summary = invoke("summary", run_dir)
+    said = [ln for ln in summary.stdout.splitlines() if ln.strip()]
+    k = 1 if said[0].startswith("Verdict: ") else 0  # a tiny timing on a shared machine may be noisy
+    assert said[k].startswith("block_attnres naive over prenorm at d=16, 2 layers")
+    assert "over block_attnres naive (same rounds): " in said[k + 1] and said[k + 1].startswith("haares naive")
+    assert "vs block_attnres [CI]" in said[k + 2]
+    start = out.index(said[0])
+    assert out[start:start + len(said)] == said  # the same text, in the run's output
+    assert out[start + len(said)].startswith(f"report: {run_dir / 'report.html'}")
+
+
 def test_summary_leaves_vs_eager_blank_on_eager_rows(tmp_path):
     from harness.rundir.writer import RunWriter
     shape = dict(router="prenorm", impl="naive", mode="fwd", workload="decoder", d_model=16, n_layers=2,

@@ -282,9 +282,10 @@ def test_check_memory_compares_the_peak_with_the_free_bytes():
 
 
 def test_a_busy_machine_widens_the_plans_high_end_by_its_load(no_model, tmp_path, monkeypatch):
-    """Planted readings: CPU pressure 90 % and a load average of 2.0 on 4 CPUs make the high end
-    1 + max(0.9, 2.0 / 4) times the quiet plan's, said in the estimate line and kept in
-    the manifest's plan; the low end stays (the load may lift)."""
+    """Planted readings: CPU pressure 90 % (a load average of 2.0 on 4 CPUs, which no longer
+    decides, and no CPU held by other work) make the high end 1 + max(0.9, 0 / 4) times the quiet
+    plan's, said in the estimate line and kept in the manifest's plan; the low end stays (the
+    load may lift)."""
     from harness.timing import noise
     args = ("run", "--dry-run", *SMALL, "--no-report")
     psi, loadavg = tmp_path / "pressure", tmp_path / "loadavg"
@@ -297,9 +298,9 @@ def test_a_busy_machine_widens_the_plans_high_end_by_its_load(no_model, tmp_path
     loadavg.write_text("2.00 1.50 0.80 3/200 12345\n")
     psi.write_text("some avg10=90.00 avg60=80.00 avg300=40.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     busy = invoke(*args).output
-    factor = 1 + max(0.9, 2.0 / 4)
+    factor = 1 + max(0.9, 0.0 / 4)
     assert "busy now" not in quiet
-    assert (f"busy now: the high end allows ×{factor:.2f} for the load (load average 2.0 on 4 CPUs, "
+    assert (f"busy now: the high end allows ×{factor:.2f} for the load (other work holds 0.0 of 4 CPUs, "
             "CPU pressure 90 %)") in busy
 
     def span(text):
@@ -313,3 +314,48 @@ def test_a_busy_machine_widens_the_plans_high_end_by_its_load(no_model, tmp_path
     plan.load = {"factor": factor, "pressure": 0.9, "load_avg": 2.0, "cpus": 4}
     assert plan.estimate == (15.0, pytest.approx(60.0 * factor)) == plan.span(("setup",))
     assert plan.manifest()["load"]["factor"] == factor and plan.manifest()["uncalibrated_s"] == [10.0, 40.0]
+
+
+def test_dry_run_lists_the_cases_this_machine_will_skip(no_model):
+    """Cases the plan holds but this device cannot run (cudagraph, reduce-overhead without CUDA)
+    are listed by reason with their count before any work; they are not counted as compiled."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: nothing is skipped")
+    res = invoke("run", "--dry-run", "--routers", "prenorm,haares", "--backends", "eager,cudagraph,compile",
+                 "--compile-modes", "default,reduce-overhead", "--depths", "2", "--widths", "16", "--no-train")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert "plan: 8 cost cases in 2 groups (paired) and 2 single cases, 2 models to compile" in lines[0], lines[0]
+    assert ("skipped here (2 cases): cudagraph captures CUDA work: no CUDA device here: prenorm naive cudagraph "
+            "d=16 L=2, haares two_phase cudagraph d=16 L=2") in lines
+    assert any(ln.startswith("skipped here (2 cases): compile mode reduce-overhead uses CUDA graphs") for ln in lines)
+    quiet = invoke("run", "--dry-run", "--routers", "prenorm", "--backends", "eager", "--no-train")
+    assert "skipped here" not in quiet.output
+
+
+def test_dry_run_checks_that_out_can_take_what_the_plan_writes(no_model, monkeypatch):
+    """--out is checked before any work, a dry run included, and nothing is created: a path under
+    a file, a directory this user cannot write, and a disk with less free space than the plan's
+    records and checkpoints each stop the command with one line naming --out."""
+    import os
+    import shutil
+    from collections import namedtuple
+    f = no_model / "file"
+    f.write_text("x")
+    res = invoke("run", "--dry-run", "--out", f / "results")
+    assert res.exit_code == 2 and f"--out {f / 'results'}: {f} is a file, not a directory" in res.output
+    res = invoke("run", "--dry-run", "--out", no_model / "a" / "b")
+    assert res.exit_code == 0 and "disk: at most" in res.output and not (no_model / "a").exists()
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    res = invoke("run", "--dry-run", "--out", no_model / "ro")
+    assert res.exit_code == 2 and "is not writable here; give --out a writable directory" in res.output
+    monkeypatch.undo()
+    monkeypatch.chdir(no_model)
+    monkeypatch.setattr(Decoder, "__init__", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * 2**20, 10 * 2**20 - 1024, 1024))
+    res = invoke("run", "--dry-run")
+    assert res.exit_code == 2, res.output
+    assert re.search(r"--out .*results: 0 MiB free on its disk and this plan writes about \d+ MiB \(records, "
+                     r"checkpoints\); free some space or give --out a directory on another disk", res.output)

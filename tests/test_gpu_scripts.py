@@ -7,6 +7,7 @@ line. The wheels script lists what it fetches without the network."""
 
 from __future__ import annotations
 
+
 import os
 import re
 import shlex
@@ -144,7 +145,8 @@ def test_every_routerbench_command_of_the_plan_passes_its_own_dry_run(dry):
             *[rf"plan: 2 cost cases {groups}, 2 models to compile"] * 4,
             # (prenorm + 8 impls of block_attnres + 4 of haares + 4 of wav_v1) x eager, cudagraph
             *[rf"plan: 34 cost cases {groups}, 0 models"] * 2,
-            rf"plan: 4 cost cases {groups}, 4 models to compile",  # prenorm + haares x 3 impls
+            # prenorm + haares x 3 impls; where fused cannot run (no CUDA, no Triton) its case is skipped, not compiled
+            rf"plan: 4 cost cases {groups}, [34] models to compile",
             rf"plan: 7 cost cases {groups}, 0 models",  # prenorm + 2 routers x 3 impls
             r"plan: 2 training runs \(2 routers x 1 seed\), 240 steps"]
     cmds = _commands(dry[()][0].stdout)

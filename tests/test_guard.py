@@ -284,24 +284,47 @@ def test_a_script_outside_the_checkout_is_named_by_its_absolute_path(tmp_path):
     assert (f.kind, f.file, f.line) == ("list_index", str(script.resolve()), 6)
 
 
+def _tiny_run(tmp_path, *args):
+    """``routerbench run`` at a tiny shape, in process, with ``args`` (routers, backends, …)."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    return CliRunner().invoke(main, [
+        "run", *args, "--widths", "16", "--depths", "2", "--n-heads", "2", "--seq-len", "8", "--batch-size", "2",
+        "--modes", "fwd_bwd", "--no-train", "--no-flops", "--repeats", "3", "--quiet", "--out", str(tmp_path)])
+
+
 def test_a_cudagraph_only_run_on_a_cpu_says_why_and_still_reports(tmp_path):
     """The command a researcher without a GPU types to see what would break a capture: it ends
     with each skip reason on the terminal and writes its report (whose implementations table once
     crashed on a run with no timing at all)."""
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the cases are captured, not skipped")
-    from click.testing import CliRunner
-
-    from harness.cli import main
-    res = CliRunner().invoke(main, [
-        "run", "--routers", "prenorm,block_attnres", "--impls", "naive,two_phase", "--backends", "cudagraph",
-        "--widths", "16", "--depths", "2", "--n-heads", "2", "--seq-len", "8", "--batch-size", "2",
-        "--modes", "fwd_bwd", "--no-train", "--no-flops", "--repeats", "3", "--quiet", "--out", str(tmp_path)])
+    res = _tiny_run(tmp_path, "--routers", "prenorm,block_attnres", "--impls", "naive,two_phase",
+                    "--backends", "cudagraph")
     assert res.exit_code == 1, res.output  # it ran, but timed nothing: said in one line, non-zero
     assert res.output.strip().splitlines()[-1].startswith("routerbench: nothing was timed: every cost case was "
                                                           "skipped or failed")
+    assert res.output.strip().endswith("on a cpu use --backends eager or compile (cudagraph captures CUDA work)")
     assert "cost sweep: 0 resumed, 3 skipped" in res.output
     assert "skipped (3): cudagraph captures CUDA work: no CUDA device here, nothing timed; capture " \
            "pre-flight on CPU: no finding" in res.output
     (report,) = tmp_path.glob("*/*/report.md")
     assert "capture pre-flight on CPU: no finding" in report.read_text()
+
+
+def test_nothing_timed_names_the_option_that_skipped_it(tmp_path):
+    """Every case skipped for reduce-overhead without CUDA: the last line names --compile-modes,
+    the option that made them skip (it used to name --backends, which the user had right)."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: reduce-overhead runs")
+    from harness.cli.run import what_to_change
+    res = _tiny_run(tmp_path, "--routers", "prenorm", "--backends", "compile", "--compile-modes", "reduce-overhead")
+    assert res.exit_code == 1, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.endswith("on a cpu use --compile-modes default or max-autotune-no-cudagraphs (reduce-overhead "
+                         "uses CUDA graphs)"), last
+    assert "--backends" not in last
+    (run_dir,) = tmp_path.glob("*/*")
+    assert what_to_change(run_dir) == ("use --compile-modes default or max-autotune-no-cudagraphs (reduce-overhead "
+                                       "uses CUDA graphs)")

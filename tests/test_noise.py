@@ -3,6 +3,8 @@ are held (harness/timing/noise.py, harness/sweep/timed.py)."""
 
 from __future__ import annotations
 
+import os
+
 import multiprocessing as mp
 import time
 from dataclasses import replace
@@ -69,30 +71,90 @@ def test_a_busy_machine_is_said_at_the_start_from_cpu_pressure(tmp_path, monkeyp
     assert "76 %" in noise.busy_warning()
 
 
+class _Clock:
+    """A planted /proc/stat and monotonic clock: ``tick(wall_s, busy_cpus)`` moves the wall clock
+    by ``wall_s`` while the machine's tasks ran ``busy_cpus`` CPUs (this process none)."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        from harness.timing import others
+        self.stat, self.now, self.busy = tmp_path / "stat", 1000.0, 5000.0
+        monkeypatch.setattr(others, "STAT_FILE", self.stat)
+        monkeypatch.setattr(others.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(others, "own_seconds", lambda: 7.0)
+        self._write()
+        others.mark()
+
+    def _write(self):
+        hz = os.sysconf("SC_CLK_TCK")
+        self.stat.write_text(f"cpu  {int(self.busy * hz)} 0 0 90000 0 0 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0 0 0\n")
+
+    def tick(self, wall_s: float, busy_cpus: float):
+        self.now += wall_s
+        self.busy += wall_s * busy_cpus
+        self._write()
+
+
 def test_cores_held_by_other_work_are_busy_before_any_task_waits(tmp_path, monkeypatch):
-    """Two busy loops on two idle cores: CPU pressure near 0 (no task waits yet), a load average
-    near 2. A load average above LOAD_SHARE_MAX of the CPUs is busy: the start warns, the plan's
-    high end allows for it, and the manifest's reading leaves the run out of calibration."""
+    """Two busy loops on two idle cores: CPU pressure near 0 (no task waits yet), while other work
+    holds about 2 CPUs since the command started (/proc/stat less this process). Above
+    LOAD_SHARE_MAX of the CPUs is busy: the start warns, the plan's high end allows for it, and the
+    manifest's reading leaves the run out of calibration."""
     from harness.costs import forecast as fc
-    psi, loadavg = tmp_path / "pressure", tmp_path / "loadavg"
+    psi = tmp_path / "pressure"
     psi.write_text("some avg10=2.04 avg60=1.05 avg300=0.83 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     monkeypatch.setattr(noise, "PRESSURE_FILE", psi)
+    monkeypatch.setattr(noise, "cpu_count", lambda: 2)
+    clock = _Clock(tmp_path, monkeypatch)
+    clock.tick(2.0, 1.0)  # half the CPUs: the threshold itself is quiet
+    assert noise.machine_load()["busy"] == [] and noise.busy_warning() is None and fc.load_now() is None
+    clock.tick(2.0, 2.8)  # since the mark: 1.9 CPUs on average
+    m = noise.machine_load()
+    assert m == {"pressure": pytest.approx(0.0204), "others": pytest.approx(1.9), "load_avg": 0.0, "cpus": 2,
+                 "busy": ["other work holds 1.9 of 2 CPUs (/proc/stat since this command started, busy above 1)"]}
+    assert "busy before the start: other work holds 1.9 of 2 CPUs" in noise.busy_warning()
+    assert fc.load_now() == {"factor": 1.95, "pressure": pytest.approx(0.0204), "others": pytest.approx(1.9),
+                             "load_avg": 0.0, "cpus": 2}
+    assert fc.describe_load(fc.load_now()) == ("busy now: the high end allows ×1.95 for the load (other work "
+                                               "holds 1.9 of 2 CPUs, CPU pressure 2 %)")
+    session = {"cpu_pressure_start": 0.0204, "others_start": 1.9, "load_avg_start": 0.3, "cpus": 2}
+    assert fc.busy_start({"sessions": [session]})
+    assert not fc.busy_start({"sessions": [{**session, "others_start": 0.4, "load_avg_start": 1.9}]})
+    assert fc.busy_start({"sessions": [{"cpu_pressure_start": 0.02, "load_avg_start": 1.9, "cpus": 2}]})  # older
+    assert not fc.busy_start({"sessions": [{"cpu_pressure_start": 0.0204}]})  # an older manifest still
+
+
+def test_the_previous_commands_tail_is_not_other_work(tmp_path, monkeypatch):
+    """A command started right after another reads that one's load in the 1-minute load average
+    (1.9 on 2 CPUs) while nothing else runs: what other work holds since this command started is
+    ~0, so it neither warns nor widens its plan. Where /proc/stat cannot be read the load average
+    stands in, tail and all."""
+    from harness.costs import forecast as fc
+    from harness.timing import others
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("1.90 1.07 0.64 1/83 23347\n")
     monkeypatch.setattr(noise, "LOADAVG_FILE", loadavg)
     monkeypatch.setattr(noise, "cpu_count", lambda: 2)
-    loadavg.write_text("1.00 0.50 0.20 1/90 7\n")  # half the CPUs: the threshold itself is quiet
-    assert noise.machine_load()["busy"] == [] and noise.busy_warning() is None and fc.load_now() is None
-    loadavg.write_text("1.90 1.07 0.64 3/83 23347\n")
+    clock = _Clock(tmp_path, monkeypatch)
+    clock.tick(3.0, 0.05)
     m = noise.machine_load()
-    assert m == {"pressure": pytest.approx(0.0204), "load_avg": 1.9, "cpus": 2,
-                 "busy": ["the load average is 1.9 on 2 CPUs (busy above 1)"]}
-    assert "busy before the start: the load average is 1.9 on 2 CPUs" in noise.busy_warning()
-    assert fc.load_now() == {"factor": 1.95, "pressure": pytest.approx(0.0204), "load_avg": 1.9, "cpus": 2}
-    assert fc.describe_load(fc.load_now()) == ("busy now: the high end allows ×1.95 for the load (load average "
-                                               "1.9 on 2 CPUs, CPU pressure 2 %)")
-    session = {"cpu_pressure_start": 0.0204, "load_avg_start": 1.9, "cpus": 2}
-    assert fc.busy_start({"sessions": [session]})
-    assert not fc.busy_start({"sessions": [{**session, "load_avg_start": 0.4}]})
-    assert not fc.busy_start({"sessions": [{"cpu_pressure_start": 0.0204}]})  # an older manifest
+    assert m["load_avg"] == 1.9 and m["others"] == pytest.approx(0.05, abs=0.01) and m["busy"] == []
+    assert noise.busy_warning() is None and fc.load_now() is None
+    monkeypatch.setattr(others, "STAT_FILE", tmp_path / "absent")
+    assert noise.machine_load()["busy"] == ["the load average is 1.9 on 2 CPUs (busy above 1)"]
+
+
+def test_other_work_excludes_this_process_tree(tmp_path, monkeypatch):
+    """The CPU seconds this process (and its waited-for children) ran in the window are not other
+    work: the machine ran 2 CPUs for 2 s, 1.5 CPU-seconds of which were this process's own."""
+    from harness.timing import others
+    clock = _Clock(tmp_path, monkeypatch)
+    own = iter([8.5])
+    monkeypatch.setattr(others, "own_seconds", lambda: next(own))
+    clock.tick(2.0, 2.0)
+    assert others.held_by_others() == pytest.approx((4.0 - 1.5) / 2.0)
+    assert others.busy_seconds("cpu  300 0 100 5000 7 1 1 0 0 0\n") == pytest.approx(
+        402 / os.sysconf("SC_CLK_TCK"))  # user, nice, system, irq, softirq, steal: not idle or iowait
+    assert others.busy_seconds("nothing here") is None
 
 
 def test_a_noisy_group_is_timed_again_and_every_attempt_is_kept(tmp_path):
@@ -109,6 +171,33 @@ def test_a_noisy_group_is_timed_again_and_every_attempt_is_kept(tmp_path):
         assert set(_sweep(d, opts).query("metric == 'step_time'").attempt) == {1}
 
 
+def test_a_multiresolution_router_is_retimed_with_block_attnres_as_its_partner(tmp_path):
+    """A noisy haares is timed again with prenorm and block_attnres of its impl and backend (its
+    paper baseline), so its last timing still pairs with block_attnres; block_attnres's rows of
+    that timing name haares in pairs_with. The partners of a compiled case add its eager twin."""
+    from harness.sweep.timed import partners
+    cases = expand(["prenorm", "block_attnres", "haares"], TINY, [16], [2], ["fwd"], impls=["two_phase"],
+                   backends=["eager", "compile"])
+    by = {(c.router, c.backend): c for c in cases}
+    assert partners(by["haares", "eager"], cases) == [by["prenorm", "eager"], by["block_attnres", "eager"]]
+    assert partners(by["haares", "compile"], cases) == [by["prenorm", "compile"], by["block_attnres", "compile"],
+                                                        by["haares", "eager"]]
+    assert partners(by["block_attnres", "eager"], cases) == [by["prenorm", "eager"]]
+    eager = [c for c in cases if c.backend == "eager"]
+    with RunWriter(tmp_path, "r", "s") as w:
+        # a ratio's spread flags the routers, never prenorm (no ratio of its own): each is re-timed alone
+        run_sweep(eager, CPU, w, replace(OPTS, noise_thresholds=dict(NEVER, ci_width_rel_max=0.0), max_attempts=2,
+                                         remeasure_s=600), progress=False)
+    rows = pd.DataFrame(load_rows([tmp_path]))
+    h = by["haares", "eager"].key
+    retime = rows[(rows.metric == "step_time") & (rows.pairs_with == h)]
+    assert set(retime.router) == {"prenorm", "block_attnres"}
+    from reports import load_frame
+    from reports.paper_baseline import paired_vs_paper_table
+    t = paired_vs_paper_table(load_frame([tmp_path]))
+    assert len(t) == 1 and t.pairs.iloc[0] == 6 and t.vs_paper.iloc[0] > 0 and t.no_pair.iloc[0] == ""
+
+
 def _spin(stop):
     """Keep one core busy until ``stop`` is set."""
     spins = 0
@@ -118,7 +207,7 @@ def _spin(stop):
 
 @pytest.mark.slow
 @pytest.mark.skipif(noise.pressure_total_us() is None, reason="no /proc/pressure/cpu (Linux PSI) here")
-def test_a_group_timed_under_load_is_flagged_noisy(tmp_path):
+def test_a_group_timed_under_load_is_flagged_noisy(tmp_path, real_machine):
     """The same group timed quiet, then with four busy processes on the cores: the loaded timing's
     readings cross the thresholds (the quiet one's may too on a busy machine; it is not asserted)."""
     opts = replace(OPTS, max_attempts=1)
@@ -264,7 +353,8 @@ def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
     pct = [f"{(x - 1) * 100:.0f}".replace("-", "\u2212") for x in r]
     assert said == [f"haares naive over prenorm at d=32, 2 layers, T=8, B=2, fwd_bwd: "
                     f"{'+' if r[0] >= 1 else ''}{pct[0]} % eager [CI {pct[1]} to {'+' if r[1] < 1 <= r[2] else ''}{pct[2]} %] "
-                    "(imprecise: CI wider than 25% of the ratio); +10 % compiled [CI 10 to 10 %]."]
+                    "(imprecise: CI wider than 25% of the ratio); +10 % compiled [CI 10 to 10 %]; block_attnres "
+                    "naive was not timed in the same group, so no paired ratio to it."]
     d2 = tmp_path / "two"
     with RunWriter(d2, "r", "s", base={"device": "cpu"}) as w:
         with w.unit(["x"], kind="group") as u:
@@ -276,7 +366,46 @@ def test_summary_sentences_quote_their_table_and_say_imprecise(tmp_path):
     eager, comp = round((row.eager_ratio - 1) * 100), round((row.compile_ratio - 1) * 100)
     assert (eager, comp) == (20, 10)
     assert said == [f"haares naive over prenorm at d=16, 2 layers, T=8, B=2, fwd_bwd: +{eager} % eager "
-                    f"[CI {eager} to {eager} %]; +{comp} % compiled [CI {comp} to {comp} %]."]
+                    f"[CI {eager} to {eager} %]; +{comp} % compiled [CI {comp} to {comp} %]; block_attnres naive "
+                    "was not timed in the same group, so no paired ratio to it."]
+
+
+def test_a_multiresolution_router_is_quoted_against_block_attnres_from_the_same_rounds(tmp_path):
+    """haares and wav_v1 timed in one group with block_attnres (same impl): their sentence and table
+    give the paired ratio to it round by round, eager and compiled, with its interval, never a
+    quotient of two ratios to prenorm; where block_attnres ran in another group only, they say so."""
+    from reports import load_frame
+    from reports.paper_baseline import paired_vs_paper_table
+    from reports.summary import cost_sentences
+    # prenorm's rounds vary and block_attnres's track them: haares / block_attnres is 1.16 in
+    # every round, while haares / prenorm and block_attnres / prenorm spread
+    base = [1.0, 2.0, 1.0, 3.0, 1.0, 2.0]
+    with RunWriter(tmp_path, "r", "s", base={"device": "cpu"}) as w:
+        with w.unit(["x"], kind="group") as u:
+            for backend, k in (("eager", 1.0), ("compile", 0.5)):
+                _rows_b(u, "prenorm", backend, [k * 1.0] * 6)
+                _rows_b(u, "block_attnres", backend, [k * 1.5 * b for b in base])
+                _rows_b(u, "haares", backend, [k * 1.5 * 1.16 * b for b in base])
+        with w.unit(["y"], kind="group") as u:  # wav_v1 in a group of its own: no block_attnres there
+            _rows_b(u, "prenorm", "eager", [1.0] * 6, d=8)
+            _rows_b(u, "wav_v1", "eager", [2.0] * 6, d=8)
+    df = load_frame([tmp_path])
+    t = paired_vs_paper_table(df)
+    hv = t[t.router == "haares"]
+    assert list(hv.backend) == ["eager", "compile"] and (hv.paper_baseline == "block_attnres [naive]").all()
+    assert hv.vs_paper.tolist() == pytest.approx([1.16, 1.16]) and (hv.pairs == 6).all()
+    assert hv.vs_paper_lo.tolist() == pytest.approx([1.16, 1.16]) and (hv.no_pair == "").all()
+    wv = t[t.router == "wav_v1"].iloc[0]
+    assert wv.vs_paper != wv.vs_paper and wv.no_pair == "block_attnres naive not timed in this group"
+    said, table = cost_sentences(df)
+    h = next(x for x in said if x.startswith("haares"))
+    assert h.endswith("; over block_attnres naive (same rounds): +16 % eager [CI 16 to 16 %], +16 % compiled "
+                      "[CI 16 to 16 %].")
+    w_ = next(x for x in said if x.startswith("wav_v1"))
+    assert w_.endswith("; block_attnres naive was not timed in the same group, so no paired ratio to it.")
+    row = table[table.router == "haares"].iloc[0]
+    assert (row.eager_vs_paper, row.compile_vs_paper) == pytest.approx((1.16, 1.16))
+    assert "vs_paper" not in " ".join(c for c in table.columns if table.loc[table.router == "block_attnres", c].notna().any())
 
 
 def test_a_run_whose_cases_are_mostly_noisy_opens_with_its_verdict(tmp_path):

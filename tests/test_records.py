@@ -198,6 +198,28 @@ def test_schema_1_directories_are_still_read(tmp_path):
     assert len(read_jsonl(tmp_path / RECORDS_FILE)) == 3
 
 
+def test_records_of_a_newer_schema_are_refused_not_read_as_this_one(tmp_path):
+    """A records.jsonl of a schema this version does not know (written by a newer routerbench) is
+    neither read nor extended: one line naming the file, its line, both schemas and the upgrade.
+    Older schemas are read as before."""
+    from harness.rundir.records import NewerSchemaError
+    rows = [{"schema": SCHEMA_VERSION + 5, "case_key": "a", "resume_unit": "u", "metric": "step_time", "value": 1.0},
+            {"end_of_unit": "u", "schema": SCHEMA_VERSION + 5, "rows": 1, "cases": ["a"]}]
+    (tmp_path / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    msg = (rf"line 1: records of schema {SCHEMA_VERSION + 5}, newer than this routerbench reads \(schema "
+           rf"{SCHEMA_VERSION}\): upgrade routerbench")
+    with pytest.raises(NewerSchemaError, match=msg):
+        load_rows([tmp_path])
+    with pytest.raises(ConfigError, match=msg):
+        RunWriter(tmp_path, "r", "s")
+    (tmp_path / RECORDS_FILE).write_text("".join(json.dumps({**r, "schema": SCHEMA_VERSION}) + "\n" for r in rows)
+                                         + json.dumps({**rows[0], "schema": SCHEMA_VERSION + 1}) + "\n")
+    with pytest.raises(NewerSchemaError, match=r"line 3: records of schema"):  # a newer writer's rows after ours
+        load_rows([tmp_path])
+    (tmp_path / RECORDS_FILE).write_text("".join(json.dumps({**r, "schema": 3}) + "\n" for r in rows))
+    assert [r["value"] for r in load_rows([tmp_path])] == [1.0]
+
+
 def test_only_rank_0_writes_under_torchrun(tmp_path, monkeypatch):
     from harness.cli.common import Run
     from harness.rundir.writer import NullRunWriter

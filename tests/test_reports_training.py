@@ -185,7 +185,8 @@ def test_time_ratio_is_the_geometric_mean_of_the_pairs(table):
     bound = 60 * 0.13 / time_of("prenorm", 2)
     assert h["time_per_seed"] == f"{ratios[0]:.2f}, {ratios[1]:.2f}, > {bound:.3g}"
     assert h["steps_per_seed"] == f"{40 / 50:.2f}, {45 / 50:.2f}, > {60 / 50:.3g}"
-    assert h["dropped"] == f"seed 2: haares not converged (> {bound:.3g})"
+    assert h["dropped"] == (f"seed 2: haares not converged (its time-to-target ratio is above {bound:.3g}: haares "
+                            f"trained {bound:.3g}× prenorm's time to target without reaching it)")
 
 
 def test_decomposition_identity(table):
@@ -260,7 +261,7 @@ def test_sentence_quotes_the_table(df, table):
                         f"[{lo:.2f}, {hi:.2f}] (2 seeds, 95% t-interval): "
                         f"{h['steps_ratio']:.2f}× the steps at {h['step_time_ratio']:.2f}× the "
                         "step time")
-    assert f"(> {60 * 0.13 / 6.0:.3g})" in s
+    assert f"(its time-to-target ratio is above {60 * 0.13 / 6.0:.3g}: haares trained" in s
     diff = f"{h['loss_diff']:+.3f}".replace("-", "\u2212")
     ppl = f"{h['ppl_change_pct']:+.1f}".replace("-", "\u2212")
     assert f"loss at the token budget {diff} nats (perplexity {ppl} %, paired t p = " \
@@ -566,3 +567,16 @@ def test_failed_case_label(df):
     f = tables.failures(df)
     dead = f[f["case_key"] == "train|block_attnres|s1|train"]
     assert set(dead["case"]) == {"block_attnres, naive, eager, train, d=64 L=2 T=64 B=2, seed 1"}
+
+
+def test_a_censored_time_ratio_is_said_in_words():
+    """A bound of a seed whose run did not reach the target says what the number is: a ratio of
+    times to target, above (the router never reached it) or below (the baseline never did)."""
+    from reports.race import _bound_words
+    assert _bound_words("> 1.53", "haares", "prenorm") == (
+        " (its time-to-target ratio is above 1.53: haares trained 1.53× prenorm's time to target without "
+        "reaching it)")
+    assert _bound_words("< 0.8", "haares", "prenorm") == (
+        " (its time-to-target ratio is below 0.8: haares reached the target in 0.8× the time prenorm trained "
+        "without reaching it)")
+    assert _bound_words("diverged", "haares", "prenorm") == ""

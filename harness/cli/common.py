@@ -36,6 +36,7 @@ def spec_options(spec_cls: type) -> Callable:
     error is one line.
     """
     def deco(f: Callable) -> Callable:
+        f.spec_class = spec_cls  # what a command's options load into (the docs' command check reads it)
         for _, name, fld in reversed(list(leaves(spec_cls))):
             o = fld.metadata["opt"]
             if not o.cli:
@@ -193,15 +194,16 @@ class Run:
     def manifest(self, extra: dict[str, Any]) -> None:
         """Write (or extend, on resume) ``manifest.json``; rank 0 only under torchrun. Each session
         records ``cpu_pressure_start`` (the machine's CPU pressure as it began, a ratio, None
-        without PSI), ``load_avg_start`` and ``cpus`` (:func:`harness.timing.noise.machine_load`),
-        which later plans read to leave busy runs out of their calibration."""
+        without PSI), ``others_start`` (the CPUs other work held as it began), ``load_avg_start``
+        and ``cpus`` (:func:`harness.timing.noise.machine_load`), which later plans read to leave
+        busy runs out of their calibration."""
         if not isinstance(self.writer, RunWriter):
             return
         from harness.timing.noise import machine_load
         m = machine_load()
         write_manifest(self.dir, self.device, {"run_id": self.run_id, "command": self.command,
                                                "spec": SPEC_FILE, "cpu_pressure_start": m["pressure"],
-                                               "load_avg_start": m["load_avg"], "cpus": m["cpus"], **extra})
+                                               "others_start": m["others"], "load_avg_start": m["load_avg"], "cpus": m["cpus"], **extra})
 
     def finish(self, started: float) -> None:
         """Write the command's wall time since ``started`` (``time.perf_counter``) beside its plan:

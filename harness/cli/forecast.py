@@ -70,6 +70,10 @@ class Plan:
     details: dict = field(default_factory=dict)
     #: the machine's load when the plan was made (:func:`harness.costs.forecast.load_now`)
     load: dict | None = None
+    #: (case label, why) of each planned case that cannot run here (a ``skipped`` row)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: what the command writes under ``--out`` at most (records, checkpoints), bytes
+    disk_bytes: int = 0
 
     @property
     def factor(self) -> float:
@@ -104,7 +108,45 @@ class Plan:
                 f"estimate: {fc.fmt_span(self.estimate)} ({fc.describe_calibration(self.calibration)}; "
                 + (f"{fc.describe_load(self.load)}; " if self.load else "") + f"{self.note})",
                 "  " + ", ".join(items),
-                f"peak memory (estimate): {fc.fmt_bytes(self.peak_bytes)} ({self.peak_what})"]
+                f"peak memory (estimate): {fc.fmt_bytes(self.peak_bytes)} ({self.peak_what})"
+                + (f"; disk: at most {fc.fmt_bytes(self.disk_bytes)} written" if self.disk_bytes else ""),
+                *self.skipped_lines()]
+
+    def skipped_lines(self, most: int = 4) -> list[str]:
+        """One line per reason a planned case cannot run here, with its count and up to ``most``
+        of its cases (``skipped here (4 cases): cudagraph captures CUDA work: …: prenorm naive
+        cudagraph, …``)."""
+        by: dict[str, list[str]] = {}
+        for label, why in self.skipped:
+            by.setdefault(why, []).append(label)
+        return [f"skipped here ({_n(len(who), 'case')}): {why}: {', '.join(who[:most])}"
+                + (f", … ({len(who) - most} more)" if len(who) > most else "") for why, who in by.items()]
+
+    def check_out(self, out: str | None, label: str = "--out") -> None:
+        """Refuse, before any work, an output root that cannot be written or whose disk has less
+        free space than the command writes by estimate (:attr:`disk_bytes`); nothing is created.
+
+        Raises:
+            ConfigError: ``out`` (default ``results``) or its nearest existing parent is not a
+                writable directory, or has less than :attr:`disk_bytes` free (naming ``label``).
+        """
+        import os
+        import shutil
+
+        from routers.errors import ConfigError
+        root = Path(out or DEFAULT_OUT).absolute()
+        probe = root
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise ConfigError(f"{label} {root}: {probe} is a file, not a directory; give {label} a directory")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"{label} {root}: {probe} is not writable here; give {label} a writable directory")
+        free = shutil.disk_usage(probe).free
+        if free < self.disk_bytes:
+            raise ConfigError(f"{label} {root}: {fc.fmt_bytes(free)} free on its disk and this plan writes about "
+                              f"{fc.fmt_bytes(self.disk_bytes)} (records, checkpoints); free some space or give "
+                              f"{label} a directory on another disk")
 
     def echo(self) -> None:
         for line in self.lines():
@@ -151,8 +193,14 @@ class Plan:
 def calibrate(plan: Plan, out: str | None, device, exclude: str | None = None) -> Plan:
     """``plan`` with the calibration of earlier runs under ``out/<device slug>`` (``exclude``: the
     run id of this run, which a resumed run's own manifest must not calibrate) and the machine's
-    present load (:func:`harness.costs.forecast.load_now`: a busy machine widens the high end)."""
+    present load (:func:`harness.costs.forecast.load_now`: a busy machine widens the high end),
+    once ``out`` is found writable with room for what the plan writes (:meth:`Plan.check_out`).
+
+    Raises:
+        ConfigError: as :meth:`Plan.check_out`.
+    """
     from harness.rundir.environment import device_slug
+    plan.check_out(out)
     root = Path(out or DEFAULT_OUT) / device_slug(device)
     earlier = [m for m in fc.read_manifests(root) if m.get("run_id") != exclude]
     plan.calibration = fc.calibration(earlier, plan.command)
@@ -197,7 +245,9 @@ def plan_run(spec, cases, opts, device, race_tc=None, race_options=None, vocab: 
     sub = (f"compile {_n(sw.compiled, 'model')}", ("compile",)) if sw.compiled else None
     shown = [("set-up", ("setup", "compile"), sub), ("timing", ("timing",), None),
              ("race", ("race",), None), ("report", ("report",), None)]
-    return Plan("run", head, parts, shown, f"timing: {sw.rounds}", peak, what, details=details)
+    disk = sw.disk_bytes + (tr.disk_bytes if race_tc is not None else 0)
+    return Plan("run", head, parts, shown, f"timing: {sw.rounds}", peak, what, details=details,
+                skipped=sw.skipped, disk_bytes=disk)
 
 
 def _training_shown(tr) -> list:
@@ -233,7 +283,7 @@ def plan_train(spec, tc, options: dict[str, dict], seeds: list[int], device, voc
         parts["report"] = fc.REPORT_S
     note = f"at most {tc.max_steps} steps a run" + (", fewer with --stop-at-target" if tc.stop_at_target else "")
     return Plan("train", head, parts, _training_shown(tr), note, tr.peak_bytes, what,
-                details={"training": tr.manifest()})
+                details={"training": tr.manifest()}, disk_bytes=tr.disk_bytes)
 
 
 def plan_study(spec, device, vocab: int) -> Plan:
@@ -260,4 +310,5 @@ def plan_study(spec, device, vocab: int) -> Plan:
         parts["report"] = fc.REPORT_S
     shown = [("timed estimate", ("estimate",), None), *_training_shown(tr)]
     return Plan("study depth", head, parts, shown, f"{st.max_steps} steps a run", tr.peak_bytes, what,
-                details={"training": tr.manifest(), "estimate_steps": st.estimate_steps})
+                details={"training": tr.manifest(), "estimate_steps": st.estimate_steps},
+                disk_bytes=tr.disk_bytes)

@@ -33,8 +33,11 @@ def run_dirs(results, bench_out: str = "beside") -> list[Path]:
     return find_runs(results, bench_root=root)
 
 
-def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
-    """Build the report of ``dirs`` and say where it is.
+def write_report(dirs, out=None, noise_thresholds: dict | None = None, say: bool = True) -> str:
+    """Build the report of ``dirs`` and (with ``say``) print where it is.
+
+    Returns:
+        the line that says where it is (``report: …/report.html, …/report.md``).
 
     Raises:
         ConfigError: several runs and no ``--out``, or an ``--out`` that cannot be written.
@@ -48,7 +51,10 @@ def write_report(dirs, out=None, noise_thresholds: dict | None = None) -> None:
     except OSError as exc:
         raise ConfigError(f"--out {out or dirs[0]}: cannot write the report there "
                           f"({exc.strerror or exc}); give --out a writable directory") from None
-    click.echo("report: " + ", ".join(str(paths[k]) for k in ("report.html", "report.md") if k in paths))
+    line = "report: " + ", ".join(str(paths[k]) for k in ("report.html", "report.md") if k in paths)
+    if say:
+        click.echo(line)
+    return line
 
 
 @click.command("report", short_help=SHORT_HELP["report"])
@@ -97,15 +103,25 @@ def summary_cmd(results, unpaired) -> None:
     """What each router costs, paired: the verdict when most timed cases were noisy, the report's
     summary sentences, then per case its paired ratio to prenorm and to its eager twin, each with
     its interval and noise flag, and the failed cases. --unpaired: the medians instead."""
+    dirs = run_dirs(results, bench_out="temp")
+    if unpaired:
+        from reports.frame import load_frame
+        _unpaired(load_frame(dirs))
+        return
+    print_summary(dirs)
+
+
+def print_summary(dirs) -> None:
+    """What ``routerbench summary`` prints of run directories ``dirs`` (and what ``run`` prints
+    at its end): the verdict when most timed cases were noisy, the report's summary sentences,
+    per case its paired ratios (to prenorm, to its paper baseline, to its eager twin) with
+    intervals and noise flags, and the failed cases."""
     from reports import cautions, paired
     from reports.frame import load_frame, load_manifests
+    from reports.paper_baseline import paired_vs_paper_table
     from reports.summary import cost_sentences
     from reports.tables import failures
-    dirs = run_dirs(results, bench_out="temp")
     df = load_frame(dirs)
-    if unpaired:
-        _unpaired(df)
-        return
     if (first := cautions.verdict(df)) is not None:
         click.echo(first + "\n")
     said, _ = cost_sentences(df, load_manifests(dirs))
@@ -116,7 +132,7 @@ def summary_cmd(results, unpaired) -> None:
         click.echo("no paired timings (routerbench summary --unpaired shows the medians)")
     else:
         pv = paired.paired_vs_eager_table(df)
-        click.echo("\n" + _paired_text(pt, pv))
+        click.echo("\n" + _paired_text(pt, pv, paired_vs_paper_table(df)))
     bad = failures(df)
     if len(bad):
         click.echo(f"\n{len(bad)} failed or skipped case row(s):")
@@ -133,13 +149,24 @@ def _ci(ratio, lo, hi) -> str:
     return f"{ratio:.3f} [{lo:.3f}, {hi:.3f}]" if ok(lo) and ok(hi) else f"{ratio:.3f}"
 
 
-def _paired_text(pt, pv) -> str:
-    """Per case: its paired ratio to prenorm [CI] and to its eager twin [CI], and why it was
-    noisy (blank when quiet)."""
+def _paired_text(pt, pv, pp=None) -> str:
+    """Per case: its paired ratio to prenorm [CI], to its paper baseline [CI] where it has one
+    (``pp``: :func:`reports.paper_baseline.paired_vs_paper_table`; the column is named after the
+    baseline, "–" where it ran in another group, absent when no router has one), to its eager
+    twin [CI], and why it was noisy (blank when quiet)."""
     import pandas as pd
     keys = ["run_id", "router", "impl", "backend", "compile_mode", "compile_scope", "mode", "d_model",
             "n_layers", "seq_len", "batch_size"]
     t = pt.assign(vs_prenorm=[_ci(*v) for v in zip(pt["ratio"], pt["ratio_lo"], pt["ratio_hi"])])
+    paper_col = []
+    if pp is not None and len(pp):
+        bases = sorted({b.split(" [")[0] for b in pp["paper_baseline"]})
+        name = f"vs {bases[0]} [CI]" if len(bases) == 1 else "vs paper baseline [CI]"
+        p = pp.assign(**{name: [_ci(*v) for v in zip(pp["vs_paper"], pp["vs_paper_lo"], pp["vs_paper_hi"])]})
+        on = [k for k in keys if k in t and k in p]
+        t = t.merge(p[[*on, name]].drop_duplicates(on), on=on, how="left")
+        t[name] = t[name].fillna("")
+        paper_col = [name]
     if len(pv):
         v = pv.assign(vs_eager=[_ci(*x) for x in zip(pv["paired_vs_eager"], pv["paired_vs_eager_lo"],
                                                       pv["paired_vs_eager_hi"])])
@@ -152,7 +179,7 @@ def _paired_text(pt, pv) -> str:
                  backend=t["backend"] + t["compile_mode"].map(fmt) + t["compile_scope"].map(fmt),
                  vs_eager=t["vs_eager"].fillna("–"),
                  noisy=t["noisy"].fillna("").map(lambda x: x if x else ""))
-    cols = ["shape", "mode", "backend", "router", "impl", "pairs", "vs_prenorm", "vs_eager", "noisy"]
+    cols = ["shape", "mode", "backend", "router", "impl", "pairs", "vs_prenorm", *paper_col, "vs_eager", "noisy"]
     if t["run_id"].nunique() > 1:  # runs read together: each row's run, never pooled
         t, cols = t.rename(columns={"run_id": "run"}), ["run", *cols]
     t = t.rename(columns={"vs_prenorm": "vs prenorm [CI]", "vs_eager": "vs eager [CI]"})

@@ -17,7 +17,7 @@ from ..spec.run import RACE_EVAL_EVERY, RACE_PRESET
 from ..spec.suites import DEFAULT_SUITE
 from .common import DEFAULT_OUT, Run, load_spec, program, spec_options
 from .forecast import EMBEDDED_VOCAB, calibrate, corpus_vocab, dry_run_option, plan_run
-from .report import write_report
+from .report import print_summary, write_report
 from .supervise import supervise, supervised_child
 from .train import corpus_info, load_corpus, plan, train_runs
 
@@ -92,16 +92,39 @@ def run_cmd(config, dry_run, **cli) -> None:
         if runs:
             train_runs(runs, corpus, tc, run, spec.output.quiet, label="smoke race", load=load)
         if spec.output.report:
-            write_report([run.dir])
+            where = write_report([run.dir], say=False)
+            if not spec.output.quiet:  # the answer on the terminal: the verdict and the summary table
+                click.echo("")
+                print_summary([run.dir])
+                click.echo("")
+            click.echo(where)
     run.finish(started)
     if spec.sweep.suite == DEFAULT_SUITE and not spec.output.quiet:
         click.echo(f"more: {program()} run --suite full (every router, the device grid) or --suite baselines "
                    f"(the field's other residuals); {program()} train (time to a target loss, paired by seed); "
-                   "README lists each with its measured time")
+                   "docs/SWEEPS.md lists each with its measured time")
     if cases and not timed_anything(run.dir):
+        fix = what_to_change(run.dir)
         click.echo("routerbench: nothing was timed: every cost case was skipped or failed (the reasons above and "
-                   f"in {run.dir}); on a {run.device.type} use --backends eager or compile", err=True)
+                   f"in {run.dir})" + (f"; on a {run.device.type} {fix}" if fix else ""), err=True)
         sys.exit(1)
+
+
+def what_to_change(run_dir) -> str:
+    """The options that would make the skipped cases of ``run_dir`` run on this device, from what
+    made them skip: a ``cudagraph`` case needs ``--backends eager or compile``, a ``reduce-overhead``
+    case ``--compile-modes default``, a case whose impl cannot run here another ``--impls``; ""
+    when no case was skipped (they failed: their errors say why)."""
+    from harness.rundir.records import load_rows
+    skipped = [r for r in load_rows([run_dir]) if r.get("metric") == "step_time" and r.get("status") == "skipped"]
+    fixes = []
+    if any(r.get("backend") == "cudagraph" for r in skipped):
+        fixes.append("--backends eager or compile (cudagraph captures CUDA work)")
+    if any(r.get("backend") == "compile" and r.get("compile_mode") == "reduce-overhead" for r in skipped):
+        fixes.append("--compile-modes default or max-autotune-no-cudagraphs (reduce-overhead uses CUDA graphs)")
+    if any(r.get("backend") != "cudagraph" and r.get("compile_mode") != "reduce-overhead" for r in skipped):
+        fixes.append("--impls naive, two_phase or lean (an impl that cannot run here)")
+    return "use " + "; ".join(fixes) if fixes else ""
 
 
 def timed_anything(run_dir) -> bool:

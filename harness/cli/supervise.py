@@ -1,5 +1,5 @@
 """``routerbench run --supervise``: the sweep in a child process, resumed in a new one after a sticky
-device error (DESIGN.md, "Failures").
+device error (docs/GPU.md, "Supervision: a device error costs one case").
 
 A sticky CUDA error (an illegal memory access, a launch failure) leaves the process that raised it
 unable to run anything more on its device (:mod:`harness.step.device_errors`). The child records

@@ -48,16 +48,18 @@ def plan(options_by_router: dict[str, dict], tc, seeds, corpus) -> list[tuple[st
 def race_threads(load: dict | None, device_type: str, threads: int) -> int | None:
     """The intra-op threads a smoke race should train on when the machine was busy at the start
     (``load``: :func:`harness.timing.noise.machine_load` read then, before this command's own
-    work): the CPUs other work did not hold, max(1, CPUs − round(load average)); None to keep
-    ``threads`` (a quiet machine, a GPU, or no fewer threads to give).
+    work): the CPUs other work did not hold, max(1, CPUs − round(others)) (the load average
+    where ``others`` could not be read); None to keep ``threads`` (a quiet machine, a GPU, or no
+    fewer threads to give).
 
     Threads that step in lockstep stall at every parallel region when another process holds one
     of their cores: measured here, a d=64 decoder's training step under two busy loops on 2 CPUs
     took 87 ms on 2 threads and 35–41 ms on 1 (18 and 23 ms quiet). Both sides of a race train on
     the same threads, so the pairing holds."""
-    if device_type != "cpu" or not load or not load.get("busy") or load.get("load_avg") is None:
+    held = load.get("others") if load and load.get("others") is not None else (load or {}).get("load_avg")
+    if device_type != "cpu" or not load or not load.get("busy") or held is None:
         return None
-    free = max(1, int(load["cpus"]) - round(load["load_avg"]))
+    free = max(1, int(load["cpus"]) - round(held))
     return free if free < threads else None
 
 

@@ -28,7 +28,7 @@ Compile (:func:`compile_seconds`, one per compiled case, plus Inductor's start-u
 process): a cold ``model``-scope compile grows with depth and with the router's graph, about as
 :data:`COMPILE_S` × weight × (2L)^0.75..0.95 (measured cold here at d=64, 4 layers, ``fwd_bwd``:
 7-16 s for prenorm to 39-45 s for wav_v1 two_phase, the ten models of the default suite 228-306 s;
-at d=256, 12 layers, 52-78 s for prenorm to 174-246 s for wav_v1 two_phase; README, "Compile
+at d=256, 12 layers, 52-78 s for prenorm to 174-246 s for wav_v1 two_phase; docs/SWEEPS.md, "Compile
 scopes"); a ``layer``-scope compile is :data:`COMPILE_REGION_S` per region
 (``workloads.decoder.region_count``) and does not grow with depth. The low end assumes a warm
 Inductor cache (FX graphs and AOTAutograd served from disk): :data:`WARM_COMPILE` of the cold time
@@ -76,15 +76,15 @@ OPTIMIZER_FLOP_PER_PARAM = 20
 #: A cold ``model``-scope compile of a ``fwd_bwd`` step, seconds: ``COMPILE_S`` × weight ×
 #: (2L)^exponent, the exponent 0.75 for the PreNorm family and 0.95 for the block routers, whose
 #: graphs grow faster with depth (measured cold, d=64, 4 layers: prenorm 16 s, block routers
-#: 27-45 s; README, "Compile scopes": prenorm 52 s at 12 layers and 114 s at 48 (Inductor's
+#: 27-45 s; docs/SWEEPS.md, "Compile scopes": prenorm 52 s at 12 layers and 114 s at 48 (Inductor's
 #: start-up included), haares two_phase 159 s and 557 s).
 COMPILE_S = 2.8
 COMPILE_DEPTH_EXPONENT = {"fixed": 0.75, "block": 0.95}
 #: Under ``layer`` scope, seconds per region (``workloads.decoder.region_count``) of a cold
-#: ``fwd_bwd`` compile, whatever the depth (README: block_attnres naive 65 s for 26 regions,
+#: ``fwd_bwd`` compile, whatever the depth (docs/SWEEPS.md, "Compile scopes": block_attnres naive 65 s for 26 regions,
 #: two_phase 36 s for 7, full_attnres 135 s for 26).
 COMPILE_REGION_S = 4.0
-#: Inductor's start-up, once per process that compiles (README: about 15-20 s cold; 3 s warm), (low, high).
+#: Inductor's start-up, once per process that compiles (docs/SWEEPS.md, "Compile scopes": about 15-20 s cold; 3 s warm), (low, high).
 COMPILE_STARTUP_S = (3.0, 20.0)
 #: A forward alone compiles no joint graph: this share of the ``fwd_bwd`` figure.
 COMPILE_FORWARD_ONLY = 0.6
@@ -126,6 +126,25 @@ CHECKPOINT_BYTES_S = (0.2e9, 2e9)
 #: A training run's set-up besides its untimed warm-up steps and compile (build, optimizer,
 #: validation batches, fused-AdamW probe), seconds (low, high).
 TRAIN_SETUP_S = (0.3, 2.0)
+
+#: Bytes of one row of ``records.jsonl`` (a JSON line with its case key): 750-860 in a seeds-suite
+#: run on this CPU (587,809 bytes, 695 lines), rounded up.
+ROW_BYTES = 900
+#: Rows a cost case writes besides its step times: its set-up (FLOPs, memory, counts, parity,
+#: compile) once and the noise readings of each timing.
+SETUP_ROWS, READING_ROWS = 40, 10
+#: Bytes on disk per parameter of a finished training run: its final weights, fp32 (the resume
+#: checkpoint is removed when it ends).
+FINAL_BYTES_PER_PARAM = 4
+#: ... and of a run in progress: its resume checkpoint (fp32 weights and AdamW's two moments, 12),
+#: twice while the next is written beside it before the old one is removed.
+RESUME_BYTES_PER_PARAM = 24
+
+
+def record_bytes(n_cases: int, rounds: int, attempts: int) -> int:
+    """The most ``records.jsonl`` grows by for ``n_cases`` cost cases timed ``rounds`` rounds at
+    most ``attempts`` times each (every attempt's rows are kept)."""
+    return ROW_BYTES * n_cases * (SETUP_ROWS + attempts * (rounds + READING_ROWS))
 
 
 def kind(device_type: str) -> str:
@@ -239,16 +258,18 @@ def read_manifests(device_dir: Path) -> list[dict]:
 
 def busy_start(manifest: dict) -> bool:
     """Whether an earlier run began on a busy machine: its first session's ``cpu_pressure_start``
-    above the noisy-group threshold ``cpu_pressure_max``, or its ``load_avg_start`` above
-    :data:`harness.timing.noise.LOAD_SHARE_MAX` of its ``cpus`` (older manifests have no load
-    average: their pressure alone decides)."""
+    above the noisy-group threshold ``cpu_pressure_max``, or its ``others_start`` (the CPUs other
+    work held; older manifests: ``load_avg_start``, which also holds an earlier command's tail)
+    above :data:`harness.timing.noise.LOAD_SHARE_MAX` of its ``cpus`` (the oldest manifests have
+    neither: their pressure alone decides)."""
     from harness.timing.noise import LOAD_SHARE_MAX, THRESHOLDS
     sessions = manifest.get("sessions") or [manifest]
     first = sessions[0] if isinstance(sessions[0], dict) else {}
-    p, load, cpus = first.get("cpu_pressure_start"), first.get("load_avg_start"), first.get("cpus")
+    p, cpus = first.get("cpu_pressure_start"), first.get("cpus")
+    load = first["others_start"] if "others_start" in first else first.get("load_avg_start")
     num = lambda v: isinstance(v, (int, float))  # noqa: E731
-    return ((num(p) and p > THRESHOLDS["cpu_pressure_max"])
-            or (num(load) and num(cpus) and cpus > 0 and load > LOAD_SHARE_MAX * cpus))
+    return bool((num(p) and p > THRESHOLDS["cpu_pressure_max"])
+                or (num(load) and num(cpus) and cpus > 0 and load > LOAD_SHARE_MAX * cpus))
 
 
 def ratio_of(manifest: dict) -> float | None:
@@ -301,28 +322,35 @@ def describe_calibration(cal: dict | None) -> str:
 def load_now() -> dict | None:
     """How much slower the machine's present load may make a command, for the high end of its
     plan: None when the machine is quiet (:func:`harness.timing.noise.machine_load`: CPU pressure
-    and load average within their thresholds), else ``{"factor", "pressure", "load_avg", "cpus"}``
-    with factor = 1 + max(load average / CPUs, CPU pressure), capped at 1 + 1: the share of the
-    CPUs other work holds, which a run that keeps every core busy must wait for. The low end
-    stays, since the load may lift; calibration leaves runs begun busy out (:func:`busy_start`),
-    so the factor never compounds. Reads :data:`harness.timing.noise.PRESSURE_FILE` and
-    :data:`harness.timing.noise.LOADAVG_FILE`."""
+    and the CPUs other work holds within their thresholds), else ``{"factor", "pressure",
+    "others", "load_avg", "cpus"}`` with factor = 1 + max(others / CPUs, CPU pressure), capped at
+    1 + 1: the share of the CPUs other work holds, which a run that keeps every core busy must
+    wait for (the load average stands in for ``others`` where ``/proc/stat`` cannot be read). The
+    low end stays, since the load may lift; calibration leaves runs begun busy out
+    (:func:`busy_start`), so the factor never compounds. Reads
+    :data:`harness.timing.noise.PRESSURE_FILE` and :data:`harness.timing.others.STAT_FILE`."""
     from harness.timing import noise
     m = noise.machine_load()
     if not m["busy"]:
         return None
-    share = min(1.0, max(m["pressure"] or 0.0, (m["load_avg"] or 0.0) / m["cpus"]))
-    return {"factor": round(1.0 + share, 3), "pressure": m["pressure"], "load_avg": m["load_avg"],
-            "cpus": m["cpus"]}
+    held = m["others"] if m["others"] is not None else (m["load_avg"] or 0.0)
+    share = min(1.0, max(m["pressure"] or 0.0, held / m["cpus"]))
+    return {"factor": round(1.0 + share, 3), "pressure": m["pressure"], "others": m["others"],
+            "load_avg": m["load_avg"], "cpus": m["cpus"]}
 
 
 def describe_load(load: dict | None) -> str:
-    """``busy now: the high end allows ×1.95 for the load (load average 1.9 on 2 CPUs, CPU
+    """``busy now: the high end allows ×1.95 for the load (other work holds 1.9 of 2 CPUs, CPU
     pressure 96 %)``, or "" on a quiet machine."""
     if not load:
         return ""
-    said = ([f"load average {load['load_avg']:.1f} on {load['cpus']} CPUs"] if load.get("load_avg") is not None
-            else []) + ([f"CPU pressure {load['pressure'] * 100:.0f} %"] if load.get("pressure") is not None else [])
+    if load.get("others") is not None:
+        held = [f"other work holds {load['others']:.1f} of {load['cpus']} CPUs"]
+    elif load.get("load_avg") is not None:
+        held = [f"load average {load['load_avg']:.1f} on {load['cpus']} CPUs"]
+    else:
+        held = []
+    said = held + ([f"CPU pressure {load['pressure'] * 100:.0f} %"] if load.get("pressure") is not None else [])
     return f"busy now: the high end allows ×{load['factor']:.2f} for the load ({', '.join(said)})"
 
 

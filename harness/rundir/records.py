@@ -19,7 +19,9 @@ Schema versions: 4 (this one: the timing columns ``pairs_with``, ``n_pairs``, ``
 ``ci_conf``, below; case keys as in 3, so a schema-3 directory is extended); 3 (the
 ``compile_scope`` column, in case keys too); 2 (``schema``
 column, end markers; its compiled rows read as ``compile_scope`` ``model``, the only scope then);
-1 (no markers, a ``done.jsonl`` of finished cases). Schemas 1 and 2 are read, never extended. This module is the format and its reader; the writer
+1 (no markers, a ``done.jsonl`` of finished cases). Schemas 1 and 2 are read, never extended; a
+schema newer than this version is refused, read or extended, with one line naming the upgrade
+(:class:`NewerSchemaError`). This module is the format and its reader; the writer
 is :mod:`harness.rundir`.
 
 Reading (:func:`scan_records`): any end marker ends a unit, and the parseable rows since the previous
@@ -42,10 +44,33 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from routers.errors import ConfigError
+
 #: Version of the row and marker format written by this module.
 SCHEMA_VERSION = 4
 #: The oldest schema a writer extends (its case keys are this schema's).
 EXTENDABLE_SCHEMA = 3
+
+
+class NewerSchemaError(ConfigError):
+    """A ``records.jsonl`` written by a newer routerbench (a row or marker of a schema above
+    :data:`SCHEMA_VERSION`): its columns may mean what this version cannot know, so it is
+    neither read nor extended; the message names the file, the line, both versions and the
+    upgrade."""
+
+
+def check_schema(path: Path, n: int, obj: dict[str, Any]) -> None:
+    """Refuse a row or marker of a schema newer than this version reads.
+
+    Raises:
+        NewerSchemaError: ``obj["schema"]`` above :data:`SCHEMA_VERSION`.
+    """
+    got = obj.get("schema")
+    if isinstance(got, int) and not isinstance(got, bool) and got > SCHEMA_VERSION:
+        raise NewerSchemaError(f"{path} line {n}: records of schema {got}, newer than this routerbench reads "
+                               f"(schema {SCHEMA_VERSION}): upgrade routerbench (git pull && make venv, or pip "
+                               "install -U routerbench) to read or resume this run")
+
 
 #: Column order of every row. ``router_options`` is a JSON string; shape columns are flat.
 COLUMNS: tuple[str, ...] = (
@@ -227,6 +252,8 @@ def scan_records(path: Path) -> tuple[list[tuple[dict[str, Any], list[dict[str, 
     last = 0
     for n, _, obj in _lines(path):
         last = n
+        if obj is not None:
+            check_schema(path, n, obj)
         if obj is None:
             bad.append(n)
         elif END not in obj:
@@ -275,9 +302,14 @@ def is_schema2(path: Path) -> bool:
 
 def schema_of(path: Path) -> int:
     """The schema of the first JSON object of ``path`` (1 without a ``schema`` field or marker;
-    this version's for an empty or missing file)."""
-    for _, _, obj in _lines(path) if Path(path).exists() else ():
+    this version's for an empty or missing file).
+
+    Raises:
+        NewerSchemaError: that object is of a schema newer than this version reads.
+    """
+    for n, _, obj in _lines(path) if Path(path).exists() else ():
         if obj is not None:
+            check_schema(path, n, obj)
             return int(obj.get("schema") or (2 if END in obj else 1))
     return SCHEMA_VERSION
 

@@ -77,7 +77,7 @@ class ProfileSpec:
         if named is not None and p.impl is not None and named != p.impl:
             raise ConfigError(f"{L('profile.impl')} {p.impl} contradicts impl={named!r} in "
                               f"{L('profile.router_options')}; give one of them")
-        # the fast implementation by default, as the race and the README's example use
+        # the fast implementation by default, as the race and the example of docs/SWEEPS.md ("Profiling") use
         impl = p.impl or named or ("two_phase" if "two_phase" in offered else offered[0])
         if impl not in offered:
             raise ConfigError(f"{L('profile.impl')} {impl!r}: router {p.router} offers {', '.join(offered)}")

@@ -21,7 +21,7 @@ from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, absolute, base_shape, 
                     resolved_shape)
 from .suites import DEFAULT_SUITE, SUITES
 
-#: The default smoke race: char-level, small enough for a 2-core CPU (README).
+#: The default smoke race: char-level, small enough for a 2-core CPU (docs/SWEEPS.md, "Suites").
 RACE_ROUTERS = ("prenorm", "haares")
 RACE_PRESET = "cpu-train"
 RACE_EVAL_EVERY = 20

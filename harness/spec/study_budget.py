@@ -84,8 +84,8 @@ CHECKPOINT_RATE = fc.geometric_mean(fc.CHECKPOINT_BYTES_S)
 #: plus ~15 ms of router and elementwise kernels. Not measured.
 ASSUMED_STEP_BASE_S = 1.7e-3
 ASSUMED_STEP_PER_LAYER_S = 1.11e-3
-#: ASSUMED step-time factor of each router over block_attnres (its dispatched ops per step, README
-#: "Capture safety and ops per step", damped because the matmuls dominate at d=512).
+#: ASSUMED step-time factor of each router over block_attnres (its dispatched ops per step,
+#: docs/GPU.md, "Graph replay and capture safety", damped because the matmuls dominate at d=512).
 ASSUMED_ROUTER_FACTOR = {"block_attnres": 1.0, "haares": 1.15, "wav_v1": 1.25}
 #: ASSUMED fp32 slowdown (no TF32: the study leaves matmul precision at PyTorch's default).
 ASSUMED_FP32_FACTOR = 4.0

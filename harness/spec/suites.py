@@ -1,5 +1,5 @@
 """Named suites of ``routerbench run`` (``--suite``): what a run measures where its options do not
-say (README, "Suites").
+say (docs/SWEEPS.md, "Suites").
 
 The default, ``seeds``, answers the question the multi-resolution routers were built for first:
 what HAARES and WAV v1 cost against Block AttnRes and the plain residual, here, in each backend,
@@ -21,7 +21,7 @@ class Suite:
     """What one suite sets.
 
     Attributes:
-        what: one line for ``--help`` and the README.
+        what: one line for ``--help`` and docs/SWEEPS.md ("Suites").
         routers: the routers, or None for every registered router.
         impls: the implementations (each router runs those it offers, naive where it offers none of
             them), or None for naive and two_phase.

@@ -1,5 +1,5 @@
 """Backends: the same decoder run eagerly, through ``torch.compile``, or captured in a CUDA graph
-(``harness/step/cudagraph.py``) (DESIGN.md, "Backends").
+(``harness/step/cudagraph.py``) (DESIGN.md, "Backends and modes").
 
 Rules (MEASUREMENT.md, "torch.compile"): ``fullgraph=True`` so a graph break is an error, not a
 silent eager island; ``torch._dynamo.reset()`` and a fresh model per case; the first call (the
@@ -11,6 +11,7 @@ instead of a silently re-compiled or eager step.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -32,7 +33,7 @@ COMPILE_SCOPES = ("layer", "model")
 #: The scope of ``--compile-scope`` when not given: ``model``, whose step times are the ones a cost
 #: comparison trusts (on this project's CPU a layer-scope step was 1.02x a model-scope one for prenorm
 #: but 1.09-1.39x for the block routers, so ``layer`` overstates a router's cost); ``layer`` is the
-#: choice when compiling dominates (deep models, many cases). README, "Compile scopes", gives the
+#: choice when compiling dominates (deep models, many cases). docs/SWEEPS.md, "Compile scopes", gives the
 #: measurements.
 DEFAULT_COMPILE_SCOPE = "model"
 
@@ -175,3 +176,62 @@ def recompile_guard(backend: str) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _warm_compile_pool() -> None:
+    """Start Inductor's pool of compile workers and its first job (``AsyncCompile.warm_pool``,
+    ``use_process_pool``): until the pool answers, Inductor compiles each kernel in the main
+    process, one after the other. Nothing where this torch lacks them."""
+    with contextlib.suppress(Exception):
+        from torch._inductor.async_compile import AsyncCompile
+        AsyncCompile.warm_pool()
+        AsyncCompile.use_process_pool()
+
+
+def warm_inductor(device: torch.device) -> Callable[[], None]:
+    """Start, in background threads, the work Inductor does once per process before its first
+    compile, and return the function that waits for it (call it before the first compile).
+
+    Inductor compiles kernels in a pool of worker processes, but only once the pool has started and
+    answered its first job: until then each kernel compiles in the main process. On a CPU it first
+    finds which vector ISAs both the compiler and the CPU support
+    (``torch._inductor.cpu_vec_isa.valid_vec_isa_list``): it builds a test program per ISA with the
+    system compiler and loads it in a child process, one after the other. On this project's 2-core
+    CPU that took 11-13 s of the first compiled case's 40 s, cold, nearly all of it waiting on those
+    child processes. Here the pool is started and each ISA probed in a thread of its own while the
+    group's eager cases are set up (nothing is timed then), so the first compile no longer carries
+    them and its ``compile_time`` is the model's own. Where this torch has neither (a release that
+    moved them), nothing starts and the returned function returns at once. The meta device starts
+    nothing.
+    """
+    if device.type not in ("cpu", "cuda"):
+        return lambda: None
+    isas: list = []
+    probe: Callable[[], object] = lambda: None  # noqa: E731
+    if device.type == "cpu":
+        try:
+            from torch._inductor import cpu_vec_isa
+            probe, isas = cpu_vec_isa.valid_vec_isa_list, list(cpu_vec_isa.supported_vec_isa_list)
+            flags = cpu_vec_isa.x86_isa_checker() if hasattr(cpu_vec_isa, "x86_isa_checker") else None
+        except Exception:  # noqa: BLE001 - an optimisation only: the compile probes as it always did
+            return lambda: None
+        if flags is not None:  # only those this CPU has (the probe skips the others without building)
+            isas = [i for i in isas if all(f in flags for f in str(i).split())]
+
+    def one(isa) -> None:
+        with contextlib.suppress(Exception):
+            bool(isa)  # builds and loads its test program; cached per ISA for the process
+
+    def run() -> None:
+        threads = [threading.Thread(target=f, args=a, daemon=True)
+                   for f, a in [(_warm_compile_pool, ()), *((one, (i,)) for i in isas)]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with contextlib.suppress(Exception):
+            probe()  # cached from here on, so the first compile reads it
+
+    t = threading.Thread(target=run, name="warm-inductor", daemon=True)
+    t.start()
+    return t.join

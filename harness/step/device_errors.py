@@ -1,6 +1,6 @@
 """Device errors that poison the process: after one of them, every later CUDA call of the process
 fails, so the sweep records the case that raised it and the rest of the run goes on in a new
-process (:mod:`harness.cli.supervise`; DESIGN.md, "Failures").
+process (:mod:`harness.cli.supervise`; docs/GPU.md, "Supervision: a device error costs one case").
 
 A sticky CUDA error (an illegal memory access, a launch failure, a device-side assert, …) leaves
 the process's CUDA context unusable: freeing memory, synchronising, even emptying the cache raise

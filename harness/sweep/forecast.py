@@ -25,7 +25,7 @@ from harness.costs import forecast as fc
 from .cases import Case
 from .options import SweepOptions
 from .plan import case_bytes, sweep_units
-from .prepare import flops_key
+from .prepare import case_label, flops_key, skip_reason
 
 
 @dataclass
@@ -54,6 +54,11 @@ class SweepForecast:
     peak_unit: int = 0
     peak_cases: int = 0
     rounds: str = ""
+    #: (case label, why) of each case that cannot run here and will be a ``skipped`` row
+    #: (:func:`harness.sweep.prepare.skip_reason`); it is neither compiled nor timed.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: what the sweep adds to ``records.jsonl`` at most (:func:`harness.costs.forecast.record_bytes`)
+    disk_bytes: int = 0
 
     @property
     def groups(self) -> int:
@@ -64,7 +69,8 @@ class SweepForecast:
         return {"cases": self.cases, "units": len(self.units), "groups": self.groups,
                 "paired": self.paired, "compiled_models": self.compiled, "rounds": self.rounds,
                 "peak_bytes": self.peak_bytes, "peak_unit": self.peak_unit + 1,
-                "peak_cases": self.peak_cases, "parts": {k: list(v) for k, v in self.parts.items()}}
+                "peak_cases": self.peak_cases, "parts": {k: list(v) for k, v in self.parts.items()},
+                "skipped": len(self.skipped), "disk_bytes": self.disk_bytes}
 
 
 def group_timing(round_s: fc.Span, opts: SweepOptions, n_cases: int = 1) -> fc.Span:
@@ -94,13 +100,22 @@ def describe_rounds(opts: SweepOptions) -> str:
 def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cpu",
                    device_name: str | None = None) -> SweepForecast:
     """The plan of a sweep of ``cases`` under ``opts`` (``opts.group_budget_bytes`` splits groups
-    as the sweep will), built from shapes alone."""
+    as the sweep will), built from shapes alone. A case that cannot run on ``device_type``
+    (:func:`harness.sweep.prepare.skip_reason`) is listed in ``skipped`` and costs its set-up only."""
+    import torch
     kind = fc.kind(device_type)
     units = sweep_units(cases, opts.paired, opts.group_budget_bytes)
     setup, compile_, timing = [fc.PROCESS_SETUP_S, fc.BANDWIDTH_S], [], []
     counted: set = set()
     steps: dict[str, fc.Span] = {}
+    skipped: list[tuple[str, str]] = []
+    here = torch.device(device_type)
     for c in cases:
+        if (why := skip_reason(c, here)) is not None:
+            skipped.append((f"{case_label(c)} d={c.cfg.d_model} L={c.cfg.n_layers}", why))
+            setup.append(fc.CASE_SETUP_S[kind])
+            steps[c.key] = (0.0, 0.0)
+            continue
         kw = c.router_kwargs()
         step = fc.step_seconds(c.cfg, c.router, kw, c.mode, device_type, device_name, c.backend)
         steps[c.key] = step
@@ -126,8 +141,12 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
         b = sum(case_bytes(c) for c in unit)
         if b > peak:
             peak, peak_i = b, i
+    rounds = opts.timing.repeats if opts.precision_target is None else opts.max_rounds
     return SweepForecast(cases=len(cases), units=[len(u) for u in units], paired=opts.paired,
-                         compiled=sum(c.backend == "compile" for c in cases),
+                         compiled=sum(c.backend == "compile" for c in cases) - sum(
+                             1 for c in cases if c.backend == "compile" and skip_reason(c, here)),
+                         skipped=skipped,
+                         disk_bytes=fc.record_bytes(len(cases), rounds, max(1, opts.max_attempts)),
                          parts={"setup": fc.add(*setup), "compile": fc.add((0.0, 0.0), *compile_),
                                 "timing": fc.add((0.0, 0.0), *timing)},
                          peak_bytes=peak, peak_unit=peak_i, peak_cases=len(units[peak_i]) if units else 0,

@@ -102,6 +102,14 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     return why
 
 
+def skip_reason(case: Case, device: torch.device) -> str | None:
+    """Why ``case`` cannot run on ``device`` and will be a ``skipped`` row: its backend
+    (:func:`harness.step.backends.unavailable_reason`: ``cudagraph`` or ``reduce-overhead`` without
+    CUDA) or its impl (:func:`impl_unavailable`); None when it can run. The plan lists these
+    before any work (``--dry-run`` too)."""
+    return backends.unavailable_reason(case.backend, case.compile_mode, device) or impl_unavailable(case, device)
+
+
 def naive_twin(case: Case, model: Decoder) -> Decoder:
     """``model`` itself, or for an opaque impl's case (a peer kernel of ``routers/peers/``, or
     ``lean``'s custom autograd Functions; ``routers.impls.Impl.opaque``) the same decoder with
@@ -339,7 +347,8 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
     body times them: the one prepare step of ``run``, the benchmark suite and ``profile``.
 
     The cases are prepared inside :func:`compile_group`, so the compiled models of the group live
-    side by side; on CUDA, a case's peak-memory rows are written net of what the steps prepared
+    side by side; Inductor's once-per-process probe runs beside the set-ups before the first
+    compiled case (:func:`harness.step.backends.warm_inductor`); on CUDA, a case's peak-memory rows are written net of what the steps prepared
     before it hold (:class:`NetOfResident`).
 
     Args:
@@ -354,9 +363,13 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
     cases = [c for c, _ in todo]
     group = PreparedGroup()
     lost = False
+    compiles = any(c.backend == "compile" and skip_reason(c, device) is None for c in cases)
+    inductor_ready = backends.warm_inductor(device) if compiles else (lambda: None)
     try:
         with compile_group(cases):
             for k, (case, first) in enumerate(todo, 1):
+                if case.backend == "compile":
+                    inductor_ready()  # Inductor's once-per-process probe, run beside the eager set-ups
                 at = dict(case=case.key, router=case.router, k=k, n=len(todo))
                 beat("case", 1, text=f"setting up model {k} of {len(todo)} ({case_label(case)})", **at)
                 cw = NetOfResident(w, device) if group.steps and device.type == "cuda" else w

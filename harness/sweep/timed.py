@@ -13,7 +13,8 @@ noise readings of :mod:`harness.timing.noise`, and on CUDA the SM clock before a
 
 What is noisy is timed again, its steps still held, within the re-measuring budget
 (``--remeasure-s``, ``--max-attempts``): a noisy case alone with its partners (:func:`partners`:
-the prenorm of its backend, and its eager twin for "vs eager"), as a new attempt of that case whose
+the prenorm of its backend, the router its paper measures it against, and its eager twin for "vs
+eager"), as a new attempt of that case whose
 partner rows name it in ``pairs_with``, so its ratios use that attempt's pairs only; a noisy
 prenorm (every ratio of its backend leans on it) re-times the whole group. A group is one unit of
 resume (:mod:`harness.rundir.records`): its rows are recorded together or not at all.
@@ -38,7 +39,7 @@ from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.timing import noise, paired
 from harness.timing.gpu import GpuProbe
 from harness.timing.timer import synchronize, time_steps
-from routers import BASELINE
+from routers import BASELINE, paper_baseline
 
 from .cases import Case
 from .options import SweepOptions
@@ -74,13 +75,19 @@ def device_lost(exc: BaseException, keys: list[str]) -> DeviceContextLost:
 
 def partners(case: Case, group: list[Case]) -> list[Case]:
     """The cases ``case``'s ratios are taken against: the prenorm of its backend, compile mode and
-    scope (none for a prenorm), then its eager twin (same router, options, impl; none for an eager
-    case). The order is the order of a re-time's rounds (prenorm first)."""
+    scope (none for a prenorm), then the router its paper measures it against with the same impl
+    and backend (``routers.paper_baseline``: block_attnres for haares and wav_v1; none when it is
+    not in the group), then its eager twin (same router, options, impl; none for an eager case).
+    The order is the order of a re-time's rounds (prenorm first)."""
     out = []
-    base = [c for c in group if c.router == BASELINE and (c.backend, c.compile_mode, c.compile_scope)
-            == (case.backend, case.compile_mode, case.compile_scope)]
+    setting = (case.backend, case.compile_mode, case.compile_scope)
+    base = [c for c in group if c.router == BASELINE and (c.backend, c.compile_mode, c.compile_scope) == setting]
     if case.router != BASELINE and base:
         out.append(base[0])
+    paper = paper_baseline(case.router)
+    same = [c for c in group if paper is not None and c.router == paper and c.impl == case.impl
+            and (c.backend, c.compile_mode, c.compile_scope) == setting]
+    out += same[:1]
     if case.backend != "eager":
         twin = [c for c in group if c.backend == "eager" and (c.router, c.options, c.impl)
                 == (case.router, case.options, case.impl)]

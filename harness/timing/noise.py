@@ -46,6 +46,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from . import others
+
 #: Default thresholds of a noisy group: ``*_min`` must be reached, ``*_max`` not exceeded.
 #: cpu_util_min: torch's intra-op threads of a small CPU step are not all busy even when quiet,
 #: so only a large drop counts; cpu_pressure_max: a fifth of the time with a task waiting for a
@@ -132,30 +134,36 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-#: A machine counts as busy before a command starts when its 1-minute load average exceeds this
-#: share of its CPUs: other work then holds cores that a step using every core must wait for, even
-#: while no task waits yet (two busy loops on two idle cores read a CPU pressure near 0 until the
-#: command starts).
+#: A machine counts as busy before a command starts when other work holds more than this share
+#: of its CPUs: a step using every core must then wait for them, even while no task waits yet
+#: (two busy loops on two idle cores read a CPU pressure near 0 until the command starts).
 LOAD_SHARE_MAX = 0.5
 
 
 def machine_load(text: str | None = None) -> dict[str, Any]:
     """The machine's load now: ``pressure`` (:func:`pressure_avg10`, None without PSI),
-    ``load_avg`` (:func:`load_average`), ``cpus`` (:func:`cpu_count`) and ``busy``, the readings
-    past their thresholds in words (``[]`` on a quiet machine): CPU pressure above
-    ``cpu_pressure_max``, or a load average above :data:`LOAD_SHARE_MAX` of the CPUs.
+    ``others`` (the CPUs work outside this process tree held since the command started,
+    :func:`harness.timing.others.held_by_others`; None without ``/proc/stat``), ``load_avg``
+    (:func:`load_average`, kept for the manifest), ``cpus`` (:func:`cpu_count`) and ``busy``, the
+    readings past their thresholds in words (``[]`` on a quiet machine): CPU pressure above
+    ``cpu_pressure_max``, or other work holding more than :data:`LOAD_SHARE_MAX` of the CPUs.
+    Where ``/proc/stat`` cannot be read the load average stands in for ``others`` (it also holds
+    the tail of a command that just ended).
 
     Args:
         text: the contents of ``/proc/pressure/cpu`` (read from :data:`PRESSURE_FILE` when None).
     """
-    p, load, cpus = pressure_avg10(text), load_average(), cpu_count()
+    p, load, cpus, held = pressure_avg10(text), load_average(), cpu_count(), others.held_by_others()
     busy = []
     if p is not None and p > THRESHOLDS["cpu_pressure_max"]:
         busy.append(f"a task waited for a CPU {p * 100:.0f} % of the last 10 s (/proc/pressure/cpu avg10, "
                     f"busy above {THRESHOLDS['cpu_pressure_max'] * 100:.0f} %)")
-    if load is not None and load > LOAD_SHARE_MAX * cpus:
+    if held is not None and held > LOAD_SHARE_MAX * cpus:
+        busy.append(f"other work holds {held:.1f} of {cpus} CPUs (/proc/stat since this command started, "
+                    f"busy above {LOAD_SHARE_MAX * cpus:g})")
+    elif held is None and load is not None and load > LOAD_SHARE_MAX * cpus:
         busy.append(f"the load average is {load:.1f} on {cpus} CPUs (busy above {LOAD_SHARE_MAX * cpus:g})")
-    return {"pressure": p, "load_avg": load, "cpus": cpus, "busy": busy}
+    return {"pressure": p, "others": held, "load_avg": load, "cpus": cpus, "busy": busy}
 
 
 def busy_warning(text: str | None = None) -> str | None:

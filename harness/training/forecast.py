@@ -58,6 +58,8 @@ class TrainForecast:
     peak_bytes: int = 0
     schedules: dict = field(default_factory=dict)
     compiled: int = 0
+    #: what the runs write to disk at most: checkpoints and records (bytes)
+    disk_bytes: int = 0
 
     @property
     def total(self) -> fc.Span:
@@ -65,7 +67,7 @@ class TrainForecast:
 
     def manifest(self) -> dict:
         return {"runs": self.runs, "steps": self.steps, "peak_bytes": self.peak_bytes,
-                "compiled_models": self.compiled,
+                "compiled_models": self.compiled, "disk_bytes": self.disk_bytes,
                 "schedules": {str(k): v for k, v in self.schedules.items()},
                 "parts": {k: list(v) for k, v in self.parts.items()}}
 
@@ -132,8 +134,18 @@ def forecast_training(runs: list[PlannedRun], vocab_size: int, device_type: str 
     for g, sizes in groups.items():
         chosen[g] = choose(schedule, sum(sizes), available_bytes) if len(sizes) > 1 else "alone"
         peak = max(peak, sum(sizes) if chosen[g] == "interleaved" else max(sizes))
+    # on disk: every run's final weights and records, and the resume checkpoints of the largest
+    # group of runs trained together
+    params = [decoder_parameter_count(run_cfg(r, vocab_size), r.router, train_options(r.router, r.options))
+              for r in runs]
+    by_group: dict[object, int] = {}
+    for r, n in zip(runs, params):
+        by_group[r.group] = by_group.get(r.group, 0) + n
+    disk = (sum(fc.FINAL_BYTES_PER_PARAM * n + fc.ROW_BYTES * (fc.SETUP_ROWS + 4 * (r.steps // max(1, r.tc.eval_every) + 1))
+                for r, n in zip(runs, params)) + fc.RESUME_BYTES_PER_PARAM * max(by_group.values(), default=0))
     return TrainForecast(runs=len(runs), steps=sum(r.steps for r in runs), parts=parts, peak_bytes=peak,
-                         schedules=chosen, compiled=sum(r.tc.backend == "compile" for r in runs))
+                         schedules=chosen, compiled=sum(r.tc.backend == "compile" for r in runs),
+                         disk_bytes=disk)
 
 
 def probe_seconds(run: PlannedRun, steps: int, vocab_size: int, device_type: str = "cpu",
