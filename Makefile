@@ -1,4 +1,4 @@
-# The two set-up-and-go commands of the README. Each creates or updates .venv first.
+# The set-up commands of the README (make run, make test, make venv). Each creates or updates .venv first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 

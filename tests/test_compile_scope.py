@@ -1,4 +1,4 @@
-"""The layer compile scope (DESIGN.md, "Backends and modes"; README, "Compile scopes"): the region
+"""The layer compile scope (DESIGN.md, "Backends and modes"; docs/SWEEPS.md, "Compile scopes"): the region
 path computes what the plain forward computes, its regions depend on the slot's role and not on
 its index (so their count does not grow with depth), a compiled region compiles exactly once, a
 fall-back to eager is an ``error`` row, and compiled steps of both scopes equal eager."""

@@ -112,7 +112,7 @@ def test_impl_defaults_to_two_phase_where_the_router_has_it():
         spec, labels = load(ProfileSpec, {"router": router, "device": "cpu"}, None)
         return spec.resolve(labels).profile.impl
 
-    assert impl("haares") == "two_phase" and impl("rezero") == "naive"  # as the README's example
+    assert impl("haares") == "two_phase" and impl("rezero") == "naive"  # as the example of docs/SWEEPS.md ("Profiling")
     help_text = " ".join(invoke("profile", "--help").output.split())
     assert "default: two_phase where the router has it" in help_text
 

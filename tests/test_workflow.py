@@ -41,7 +41,7 @@ def test_workflow_runs_the_suite_the_gate_and_stores_artifacts():
     wf = YAML(typ="safe").load(WORKFLOW.read_text())
     cpu, gpu = wf["jobs"]["cpu"], wf["jobs"]["gpu"]
     run = "\n".join(s.get("run", "") for s in cpu["steps"])
-    assert "make venv" in run  # the README's install command
+    assert "make venv" in run and "make venv" in (ROOT / "README.md").read_text()  # the README's install command
     assert cpu["env"]["TORCH_INDEX_URL"].endswith("/whl/cpu")  # CPU build on hosted runners
     assert "--bench-suite cpu --benchmark-json bench.json" in run
     assert "routerbench report bench.json" in run
