@@ -25,6 +25,9 @@ from routers import BASELINE, paper_baseline
 from . import frame
 from .paired import CONF, PAIR_KEYS, TIMING_KEYS, VARIANT_KEYS, interval_label, noise_by_case, paired_rows, _own
 
+#: A noise reason about a side's interval against prenorm (``ci_width_rel``), not about this
+#: ratio, whose own interval is beside it: left out of ``noisy``.
+OTHER_INTERVAL = "ci_width_rel"
 #: Columns of :func:`paired_vs_paper_table`.
 COLUMNS = [*(k for k in PAIR_KEYS if k != "session"), *VARIANT_KEYS, "paper_baseline", "pairs",
            "median_ms", "paper_ms", "vs_paper", "vs_paper_lo", "vs_paper_hi", "interval", "noisy", "no_pair"]
@@ -66,7 +69,8 @@ def paired_vs_paper_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
         ``paper_ms`` over those rounds, ``vs_paper`` (median of router / baseline per round; above 1
         the router is slower) with ``vs_paper_lo``/``vs_paper_hi`` and ``interval`` (which interval),
         ``noisy`` (why the router's timing or the baseline's last timing crossed a noise
-        threshold, ``""`` when quiet) and ``no_pair`` (why there is no ratio: ``"block_attnres
+        threshold, ``""`` when quiet; a side's interval against prenorm, ``ci_width_rel``, is
+        not this ratio's and is left out) and ``no_pair`` (why there is no ratio: ``"block_attnres
         two_phase not timed in this group"``; empty when there is one). An empty frame when no
         such router was timed.
     """
@@ -95,7 +99,8 @@ def paired_vs_paper_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
             a, b = base[common].tolist(), mine[common].tolist()
             ratio, lo, hi = ratio_interval(a, b, interval_label(v)[0], n_boot=n_boot, seed=seed, boot_conf=conf)
             reasons = [f"{side}: {r}" for side, rows_ in ((router, v), (bases[router], cand))
-                       for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])]
+                       for r in why.get((rows_["case_key"].iloc[0], rows_["session"].iloc[0]), [])
+                       if not r.startswith(OTHER_INTERVAL)]
             row.update(pairs=len(common), median_ms=median_iqr(b)[0], paper_ms=median_iqr(a)[0], vs_paper=ratio,
                        vs_paper_lo=lo, vs_paper_hi=hi, interval=interval_label(v)[1], noisy="; ".join(reasons))
             out.append(row)

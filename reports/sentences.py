@@ -218,7 +218,8 @@ def _pct(ratio: float, lo: float, hi: float, noisy: str | float, label: str,
     """``+36 % eager [CI 29 to 41 %]`` (``[CI −58 to +97 %]`` when the interval spans no change);
     the number is always given, flagged ``(imprecise: CI wider
     than 25 % of the ratio)`` when its interval is wide, ``(no CI: fewer than 5 pairs)`` when it
-    has none, and ``(noisy group)`` when it was timed on a busy machine; ``""`` without a ratio."""
+    has none, and ``(noisy group)`` when its timing crossed a noise threshold (a busy machine, or a
+    spread or an interval wider than its threshold); ``""`` without a ratio."""
     if ratio != ratio:
         return ""
 

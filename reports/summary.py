@@ -42,7 +42,8 @@ METHOD = ("Each sentence quotes the row of the table below: the per-pair step-ti
           "share, or, for runs without one, prenorm's graph-replayed step over its eager step (same "
           "mode and shape). The GPU idled waiting for Python, so the eager ratio measures host overhead and graph "
           f"replay or compile the router's device cost. A ratio whose CI is wider than {TOLERANCE:.0%} of it is flagged "
-          "'imprecise', one timed on a busy machine 'noisy group'; unpaired medians are in the detail "
+          "'imprecise'; one whose timing crossed a noise threshold (a busy machine, or a spread or an "
+          "interval wider than its threshold: the noisy column of the table below) 'noisy group'; unpaired medians are in the detail "
           "tables below.")
 COLUMNS = ["run_id", "router", "impl", "mode", "device", "d_model", "n_layers", "seq_len", "batch_size",
            "eager_ratio", "eager_lo", "eager_hi", "eager_noisy", "eager_floor", "busy_share", "busy_of",

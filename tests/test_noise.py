@@ -386,6 +386,11 @@ def test_a_multiresolution_router_is_quoted_against_block_attnres_from_the_same_
                 _rows_b(u, "prenorm", backend, [k * 1.0] * 6)
                 _rows_b(u, "block_attnres", backend, [k * 1.5 * b for b in base])
                 _rows_b(u, "haares", backend, [k * 1.5 * 1.16 * b for b in base])
+            # block_attnres's interval against prenorm is wide: not this ratio's interval, no flag on it
+            u.write(case_key="block_attnres|eager|16", router="block_attnres", impl="naive", backend="eager",
+                    mode="fwd_bwd", workload="decoder", d_model=16, n_layers=2, n_heads=2, seq_len=8,
+                    batch_size=2, dtype="float32", seed=0, metric="ci_width_rel", value=0.5, unit="ratio",
+                    attempt=1)
         with w.unit(["y"], kind="group") as u:  # wav_v1 in a group of its own: no block_attnres there
             _rows_b(u, "prenorm", "eager", [1.0] * 6, d=8)
             _rows_b(u, "wav_v1", "eager", [2.0] * 6, d=8)
@@ -395,6 +400,7 @@ def test_a_multiresolution_router_is_quoted_against_block_attnres_from_the_same_
     assert list(hv.backend) == ["eager", "compile"] and (hv.paper_baseline == "block_attnres [naive]").all()
     assert hv.vs_paper.tolist() == pytest.approx([1.16, 1.16]) and (hv.pairs == 6).all()
     assert hv.vs_paper_lo.tolist() == pytest.approx([1.16, 1.16]) and (hv.no_pair == "").all()
+    assert (hv.noisy == "").all()
     wv = t[t.router == "wav_v1"].iloc[0]
     assert wv.vs_paper != wv.vs_paper and wv.no_pair == "block_attnres naive not timed in this group"
     said, table = cost_sentences(df)

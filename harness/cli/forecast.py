@@ -115,7 +115,9 @@ class Plan:
     def skipped_lines(self, most: int = 4) -> list[str]:
         """One line per reason a planned case cannot run here, with its count and up to ``most``
         of its cases (``skipped here (4 cases): cudagraph captures CUDA work: …: prenorm naive
-        cudagraph, …``)."""
+        cudagraph, …``); for a cost sweep that skips nothing, one line that says so."""
+        if self.command == "run" and not self.skipped:
+            return ["skipped here: none (every planned case can run on this device)"]
         by: dict[str, list[str]] = {}
         for label, why in self.skipped:
             by.setdefault(why, []).append(label)
