@@ -206,11 +206,11 @@ def memory_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
 
 def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     """The routers' I/O cost models (:func:`reports.tables.router_cost_table`): per router the
-    ideal residual traffic (``io_ideal_d``: each input read once, each output written once, the
-    AttnRes paper's Table 1 model, the same for every impl) beside the traffic each impl's eager
-    ops measured (``io_measured_d``: for ``fused``, its custom ops' inputs and outputs and the
-    eager adds around them) and, for ``fused``, what its Triton kernels load and store
-    (``io_kernel_d``), in d elements per token and sublayer; grouped bars, one panel per depth
+    ideal residual traffic of one forward (``io_ideal_d``: each input read once, each output
+    written once, the AttnRes paper's Table 1 model, the same for every impl) beside what each
+    impl's forward moves by the byte rule (``io_measured_d``, docs/MEASUREMENT.md) and, for
+    ``fused``, the part its Triton kernels load and store (``io_kernel_d``, their byte models), in
+    d elements per token and sublayer, forward only; grouped bars, one panel per depth
     (the ideal grows with the number of sublayers) at the largest width.
 
     Returns:
@@ -257,7 +257,7 @@ def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         ax.set_ylabel("traffic per token and sublayer (d elements)")
         ax.set_title(panel, fontsize=9)
     pl.figure_legend(fig, axes)
-    pl.suptitle(fig, "Router I/O: ideal model (AttnRes paper, Table 1) vs measured eager "
+    pl.suptitle(fig, "Router I/O of one forward: ideal model (AttnRes paper, Table 1) vs counted "
                    f"traffic — {pl.device_title(df)}", pl.shape_text(data, skip=("n_layers",)))
     fig.tight_layout()
     cols = ["panel", "series", "router", "options", "impl", "workload", *frame.SHAPE_COLS,

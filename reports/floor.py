@@ -1,17 +1,20 @@
-"""The physical floor of a router's overhead (MEASUREMENT.md, "Noise on shared machines").
+"""The physical floor of a router's overhead (MEASUREMENT.md, "Noise on shared machines";
+docs/ROUTERS.md, "The ideal fwd+bwd model").
 
 A router's extra work is memory-bound, so its least possible cost is its extra bytes over the
 device's memory bandwidth. Per paired case of the cost sweep:
 
-    extra bytes = factor(mode) · B·T · 2L · d · (io(router) − io(prenorm)) · bytes per element
+    extra bytes = B·T · 2L · d · (model(router) − model(prenorm)) · bytes per element
     floor_ms    = extra bytes / measured bandwidth                   (GB/s = 1e9 bytes/s)
 
-``io`` is :meth:`routers.Router.ideal_io_per_token`, the ideal I/O model of the Attention
-Residuals paper (Kimi Team, arXiv:2603.15031, Table 1): residual-stream traffic per token and
-sublayer, in units of d elements, every input of a fused step read once and every output written
-once, block routers on the two-phase schedule, parameters amortised to 0, the readout not counted.
-prenorm's own 3d (read h, read u, write h) is subtracted, so the floor is the traffic a router adds
-to the standard residual. The bandwidth is the run's own ``mem_bandwidth`` rows
+``model`` is, for a ``fwd`` step, :meth:`routers.Router.ideal_io_per_token` (the Attention Residuals
+paper's Table 1 model: each input of a fused step read once, each output written once), and for a
+``fwd_bwd`` or ``train_step`` step :meth:`routers.Router.ideal_io_fwd_bwd_per_token` (that forward
+and its ideal backward; prenorm's is 6: forward 3, backward one gradient accumulation 3), in units
+of d elements per token and sublayer. The floor is a model, never measured bytes (else × floor
+would be 1 by construction). Its version is :data:`FLOOR_VERSION`: version 1 charged every step 3×
+its forward (prenorm 9); a run records the version it was made under (manifest ``floor_version``)
+and the report says which one it shows. The bandwidth is the run's own ``mem_bandwidth`` rows
 (:mod:`harness.costs.bandwidth`, a timed device-to-device copy), median over repeats.
 """
 
@@ -33,18 +36,23 @@ from workloads.config import DTYPES
 from . import frame
 from .paired import paired_ratio_table
 
-#: Bytes of a step as a multiple of the forward's, per mode (the byte model of the backward).
-MODE_FACTOR = {"fwd": 1, "fwd_bwd": 3, "train_step": 3}
+#: The version of the floor's byte model: 2, the ideal fwd+bwd model of docs/ROUTERS.md (1: every
+#: training step 3× the forward, prenorm 9 units).
+FLOOR_VERSION = 2
+#: The model of each mode: the forward alone, or a training step (the optimizer touches only the
+#: router's parameters, amortised to 0 per token); decode is not modelled.
+MODE_MODEL = {"fwd": "forward", "fwd_bwd": "fwd_bwd", "train_step": "fwd_bwd"}
 BYTE_MODEL = (
-    "Byte model: forward = B·T tokens × 2L sublayers × d × (ideal_io(router) − ideal_io(prenorm)) "
-    "× bytes per element of the run's dtype, with ideal_io the Attention Residuals paper's Table 1 "
-    "I/O model (elements of width d per token and sublayer; each input of a fused step read once, "
-    "each output written once; block routers on the two-phase schedule; parameters and the readout "
-    "count 0). Backward = 2 × forward: each fused step's backward reads again the sources its "
-    "forward read and the gradient of what it wrote, and writes (accumulates) the gradient of each "
-    "source it read, the usual 1:2 forward:backward ratio of a memory-bound op. So fwd = 1×, "
-    "fwd_bwd = 3× the forward bytes; train_step = 3× too (the optimizer touches only the router's "
-    "parameters, amortised to 0 per token). decode is not modelled.")
+    f"Byte model (floor version {FLOOR_VERSION}, docs/ROUTERS.md \"The ideal fwd+bwd model\"): extra "
+    "bytes = B·T tokens × 2L sublayers × d × (model(router) − model(prenorm)) × bytes per element of the "
+    "run's dtype, in elements of width d per token and sublayer. fwd: the Attention Residuals paper's "
+    "Table 1 model (each input of a fused step read once, each output written once; block routers on "
+    "the two-phase schedule; parameters and the readout count 0; prenorm 3). fwd_bwd and train_step: "
+    "that forward plus an ideal backward that, per fused step, reads the gradient of each tensor "
+    "written, re-reads each input its gradient needs, writes each input's gradient unless it passes "
+    "through unchanged, and reads and writes once more a gradient that gathers a further contribution "
+    "(prenorm 6: one gradient accumulation; Block AttnRes 19, HAARES 30, WAV v1 41 at 12 layers and 6 "
+    "blocks). A router that declares no such model has no floor. decode is not modelled.")
 FLOOR_METHOD = (
     "Physical floor: a router's extra work is memory-bound, so its least possible cost is its "
     "extra bytes over the device's memory bandwidth, measured in the run as a timed "
@@ -57,7 +65,7 @@ NO_TABLE = ("No floor: it needs paired step times of prenorm and another router 
 
 COLUMNS = ["run_id", "router", "options", "impl", "variant", "backend", "compile_mode", "compile_scope", "mode",
            "workload", *frame.SHAPE_COLS, "device", "extra_bytes", "bandwidth_gbs", "nominal_gbs",
-           "floor_ms", "prenorm_ms", "floor_share_pct", "paired_overhead_pct", "over_floor"]
+           "floor_ms", "prenorm_ms", "floor_share_pct", "paired_overhead_pct", "over_floor", "floor_version"]
 #: Report headers and number formats (for :data:`reports.render.COLUMN_STYLE`).
 COLUMN_STYLE = {
     "extra_bytes": ("extra router bytes / step (model)", "{:.3g}"),
@@ -65,17 +73,23 @@ COLUMN_STYLE = {
     "nominal_gbs": ("nominal bandwidth (GB/s)", "{:.0f}"),
     "floor_ms": ("floor (ms)", "{:.4f}"), "floor_share_pct": ("floor (% of prenorm)", "{:.2f}"),
     "paired_overhead_pct": ("paired overhead vs prenorm (%)", "{:+.1f}"),
-    "over_floor": ("× floor", "{:.1f}"),
+    "over_floor": ("× floor", "{:.1f}"), "floor_version": ("floor version", None),
 }
 
 
 @functools.lru_cache(maxsize=None)
-def _io(router: str, d_model: int, n_layers: int, options: str) -> float:
-    return build_router(router, d_model, n_layers, **json.loads(options or "{}")).ideal_io_per_token()
+def _io(router: str, d_model: int, n_layers: int, options: str, model: str) -> float:
+    r = build_router(router, d_model, n_layers, **json.loads(options or "{}"))
+    value = r.ideal_io_per_token() if model == "forward" else r.ideal_io_fwd_bwd_per_token()
+    return math.nan if value is None else float(value)
 
 
-def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict | None = None) -> float:
-    """ideal_io(router) − ideal_io(prenorm): extra elements of width d per token and sublayer.
+def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict | None = None,
+                       model: str = "forward") -> float:
+    """model(router) − model(prenorm): extra elements of width d per token and sublayer, of the
+    forward (``model="forward"``, :meth:`routers.Router.ideal_io_per_token`) or of a training step
+    (``"fwd_bwd"``, :meth:`routers.Router.ideal_io_fwd_bwd_per_token`; NaN where the router
+    declares none).
 
     Args:
         router: a registered router name.
@@ -86,7 +100,7 @@ def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict |
     """
     opts = {k: v for k, v in (options or {}).items() if k != "impl"}
     key = json.dumps(opts, sort_keys=True)
-    return _io(router, d_model, n_layers, key) - _io(BASELINE, d_model, n_layers, "{}")
+    return _io(router, d_model, n_layers, key, model) - _io(BASELINE, d_model, n_layers, "{}", model)
 
 
 def extra_router_bytes(router: str, *, d_model: int, n_layers: int, seq_len: int, batch_size: int,
@@ -95,17 +109,17 @@ def extra_router_bytes(router: str, *, d_model: int, n_layers: int, seq_len: int
 
     Args:
         dtype: a key of :data:`workloads.config.DTYPES` (``"bfloat16"``: 2 bytes per element).
-        mode: a key of :data:`MODE_FACTOR`.
+        mode: a key of :data:`MODE_MODEL`.
 
     Returns:
-        bytes (float); NaN for a mode the model does not cover (``decode``).
+        bytes (float); NaN for a mode the model does not cover (``decode``) or a router that
+        declares no fwd+bwd model.
     """
-    if mode not in MODE_FACTOR:
+    if mode not in MODE_MODEL:
         return math.nan
     itemsize = DTYPES[dtype].itemsize
-    per_fwd = (batch_size * seq_len * 2 * n_layers * d_model
-               * extra_io_per_token(router, d_model, n_layers, options) * itemsize)
-    return MODE_FACTOR[mode] * per_fwd
+    return (batch_size * seq_len * 2 * n_layers * d_model * itemsize
+            * extra_io_per_token(router, d_model, n_layers, options, MODE_MODEL[mode]))
 
 
 def _bandwidth(df: pd.DataFrame, metric: str, name: str) -> pd.DataFrame:
@@ -136,7 +150,7 @@ def floor_table(df: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.Data
         columns when nothing is paired.
     """
     t = paired_ratio_table(df) if paired is None else paired
-    t = t[t["mode"].isin(list(MODE_FACTOR))]
+    t = t[t["mode"].isin(list(MODE_MODEL))]
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)
     # the paired table labels options as text; take the JSON of the same router and label
@@ -155,6 +169,7 @@ def floor_table(df: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.Data
     # times the floor paid: only meaningful for a positive overhead over a positive floor
     t["over_floor"] = (t["paired_overhead_pct"].where(t["paired_overhead_pct"] > 0)
                        / t["floor_share_pct"].where(t["floor_share_pct"] > 0))
+    t["floor_version"] = FLOOR_VERSION
     return t[COLUMNS].replace([np.inf, -np.inf], np.nan).reset_index(drop=True)
 
 
@@ -173,5 +188,5 @@ def write_floor(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
     return path
 
 
-__all__ = ["BYTE_MODEL", "COLUMNS", "COLUMN_STYLE", "FLOOR_METHOD", "MODE_FACTOR", "NO_TABLE",
+__all__ = ["BYTE_MODEL", "COLUMNS", "COLUMN_STYLE", "FLOOR_METHOD", "FLOOR_VERSION", "MODE_MODEL", "NO_TABLE",
            "extra_io_per_token", "extra_router_bytes", "floor_table", "write_floor"]

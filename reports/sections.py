@@ -204,18 +204,19 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                                          "Compile time vs depth: layer scope solid, model scope dashed; hollow markers hit Inductor's cache"))
     models = Section("Router cost models", [(
         "text", "Per router and shape: analytic forward FLOP per token (naive reference, "
-                f"{tables.FLOP_CONVENTION}); residual-stream traffic per token and sublayer in "
-                "units of d elements: io_ideal_d is the ideal I/O model (each input read once, "
+                f"{tables.FLOP_CONVENTION}); residual-stream traffic of the forward only (its "
+                "backward: `routerbench costs`) per token and sublayer in "
+                "units of d elements, by the byte rule (docs/MEASUREMENT.md): io_ideal_d is the ideal I/O model (each input read once, "
                 "each output written once, two-phase schedule; the AttnRes paper's Table 1 gives "
                 "3 for prenorm and 5.5 for Block AttnRes at 128 sublayers, N=8) and "
-                "io_measured_d what this impl's eager ops actually read and write; io_kernel_d "
-                "(fused only) what its Triton kernels load and store, without the running sums' "
+                "io_measured_d what this impl's forward reads and writes; io_kernel_d "
+                "(fused only) the part its Triton kernels load and store (their byte models), without the running sums' "
                 "eager adds; state_mib is the peak live router state.")])
     models.blocks += table_blocks(tables.router_cost_table(df), "No router cost rows.",
                                    drop=("variant",))
     models.blocks.append(_figure_block(figs.get("router_cost_models"), "router_cost_models",
-                                       "Residual-stream traffic per token and sublayer (d elements): the "
-                                       "ideal I/O model beside what each impl's eager ops move"))
+                                       "Residual-stream traffic of one forward per token and sublayer (d elements): the "
+                                       "ideal I/O model beside what each impl moves"))
     pairs = Section("Paired timing: ratio to prenorm with bootstrap CI", [("text", paired.METHOD)])
     pairs.blocks += table_blocks(paired.paired_ratio_table(df), paired.NO_TABLE,
                                   drop=("variant",), split=("run_id", "mode", "backend",
@@ -299,6 +300,12 @@ def build_sections(df: pd.DataFrame, run_dirs: list[Path], figs: dict[str, Path 
                             "as subgroups that each hold prenorm (and a router's eager and compiled steps "
                             "together): ratios to prenorm and to eager stay paired; times across "
                             "subgroups are not.")
+    old_floor = sorted(r for r, m in manifests.items() if m.get("floor_version", 1) != floor.FLOOR_VERSION)
+    if old_floor and has_cost and not floor.floor_table(df).empty:
+        warnings.append(f"Floor: run(s) {', '.join(old_floor)} were made under floor version "
+                        f"{manifests[old_floor[0]].get('floor_version', 1)} (a training step charged 3× its forward, "
+                        f"prenorm 9 units); this report shows version {floor.FLOOR_VERSION}, the ideal fwd+bwd model "
+                        "(docs/ROUTERS.md), so its × floor differs from their earlier reports'.")
     if warnings:
         sections.append(Section("Warnings", [("text", w) for w in warnings]))
     sections += _cost_sections(df, figs, manifests) if has_cost else []

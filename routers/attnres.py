@@ -77,3 +77,12 @@ class FullAttnRes(BlockRouter):
             raise ValueError(f"full_attnres: schedule={schedule!r} must be a positive divisor of "
                              f"2L = {sublayers}")
         return schedule + sublayers / schedule
+
+    def ideal_io_fwd_bwd_per_token(self, schedule: int | None = None) -> float:
+        """4(S + 2L/S) + 2 (docs/ROUTERS.md, "The ideal fwd+bwd model"): the forward's S + 2L/S
+        (:meth:`ideal_io_per_token`), and a backward that per sublayer reads ∂h and writes ∂o (2),
+        re-reads the chunk's S partial outputs and reads and writes each one's gradient (3S), and
+        per chunk re-reads the 2L/S completed outputs and reads and writes their gradients
+        (3·2L/S)."""
+        fwd = self.ideal_io_per_token(schedule)
+        return fwd + 2 + 3 * fwd

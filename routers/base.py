@@ -269,6 +269,22 @@ class Router(nn.Module, abc.ABC):
             ValueError: ``schedule`` given to a router that does not take one, or invalid.
         """
 
+    def ideal_io_fwd_bwd_per_token(self) -> float | None:
+        """Residual-stream traffic of one training step (forward and backward) per token and per
+        sublayer under the **ideal fwd+bwd model** (docs/ROUTERS.md, "The ideal fwd+bwd model"),
+        units of d elements: the forward of :meth:`ideal_io_per_token`, plus a backward that, for
+        each fused step, reads the gradient of each tensor the step wrote, re-reads each input its
+        gradient needs (the sources of a softmax mix, the factor of a product; not the operands
+        of a sum), writes the gradient of each input unless it passes through unchanged, and
+        reads and writes once more a gradient that gathers a further contribution. prenorm: 6.
+        The physical floor of a training step is (this − prenorm's) × d × bytes / bandwidth.
+
+        Returns:
+            elements of width d per token and sublayer; None where the router declares no model
+            (the floor then says "not declared").
+        """
+        return None
+
     def _cost_impl(self, impl: str | None) -> str:
         """The implementation a cost model describes: ``impl``, else ``self.impl``, else naive.
 
@@ -286,23 +302,27 @@ class Router(nn.Module, abc.ABC):
         return impl
 
 
-def route(router: Router, embedding: Tensor, sublayer: Callable[[Slot, Tensor], Tensor]
-          ) -> tuple[list[Tensor], Tensor, Any]:
+def route(router: Router, embedding: Tensor, sublayer: Callable[[Slot, Tensor], Tensor],
+          region: bool = False) -> tuple[list[Tensor], Tensor, Any]:
     """The contract's loop (module doc) outside a decoder: drives ``router`` over its slots.
 
     Args:
         router: any router.
         embedding: e, (B, T, d).
         sublayer: ``(slot, h) -> u``, the update of the slot's sublayer from its input (B, T, d).
+        region: run the state and parameters of the layer compile scope (``init_state(region=True)``,
+            :meth:`Router.begin`; a block router's padded pool), eagerly, without compiling.
 
     Returns:
         (the 2L reads h_k, h_out, the final state).
     """
-    state, reads = router.init_state(embedding), []
+    state, reads = router.init_state(embedding, region), []
+    if region:
+        state = router.begin(state)
     for slot in router.slots:
         role = router.role(slot)
-        p = router.params(state, slot)
+        p = router.params(state, slot, region)
         h = router.read(state, role, p)
         reads.append(h)
         state = router.write(state, role, p, sublayer(slot, h))
-    return reads, router.output(state, router.output_params()), state
+    return reads, router.output(state, router.output_params(region)), state

@@ -177,3 +177,9 @@ class DenseFormer(Router):
         if schedule is not None:
             raise ValueError(f"{self.name} has no two-phase schedule; pass schedule=None")
         return 3.0 + sum(self.sources(i) for i in self.dwa_units) / len(self.slots)
+
+    def ideal_io_fwd_bwd_per_token(self) -> float:
+        """6 + 4·Σ m_i / 2L (docs/ROUTERS.md, "The ideal fwd+bwd model"): prenorm's 6, and per
+        DWA its forward's m_i reads plus a backward that re-reads its m_i sources (the weights'
+        gradients need them) and reads and writes each one's gradient (3·m_i)."""
+        return 6.0 + 4.0 * sum(self.sources(i) for i in self.dwa_units) / len(self.slots)

@@ -75,6 +75,12 @@ class PreNorm(Router):
             raise ValueError(f"{self.name} has no two-phase schedule; pass schedule=None")
         return 3.0
 
+    def ideal_io_fwd_bwd_per_token(self) -> float:
+        """6 = forward 3 + backward 3: h' = h + u passes its gradient to h and u unchanged (no
+        read, no write), and h's gradient gathers the sublayer's input gradient beside it: read
+        both, write the sum (3). See :meth:`Router.ideal_io_fwd_bwd_per_token`."""
+        return 6.0
+
 
 @register("rezero")
 class ReZero(PreNorm):
@@ -90,6 +96,11 @@ class ReZero(PreNorm):
     def params(self, state: Tensor, slot: Slot, region: bool = False) -> tuple:
         """α_k, a 0-d slice of the stacked α."""
         return (self.alpha[slot.index],)
+
+    def ideal_io_fwd_bwd_per_token(self) -> float:
+        """8 = prenorm's 6 + 2: the update's gradient, scaled, is written (1), and the scale's
+        gradient Σ u·g re-reads u (1)."""
+        return 8.0
 
     def write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
         """``h + α_k u``."""
@@ -135,6 +146,11 @@ class LayerScale(PreNorm):
     def params(self, state: Tensor, slot: Slot, region: bool = False) -> tuple:
         """γ_k (d,), a row of the stacked γ."""
         return (self.gamma[slot.index],)
+
+    def ideal_io_fwd_bwd_per_token(self) -> float:
+        """8 = prenorm's 6 + 2: the update's gradient, scaled, is written (1), and the scale's
+        gradient Σ u·g re-reads u (1)."""
+        return 8.0
 
     def write(self, state: Tensor, role: tuple, params: tuple, update: Tensor) -> Tensor:
         """``h + γ_k ⊙ u``."""

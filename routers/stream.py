@@ -67,9 +67,11 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def full_precision(x: Tensor):
     """A context with autocast off on ``x``'s device when autocast is on there (else a no-op)."""
     kind = x.device.type
-    if torch.is_autocast_enabled(kind):
-        return torch.autocast(kind, enabled=False)
-    return contextlib.nullcontext()
+    try:
+        on = torch.is_autocast_enabled(kind)
+    except RuntimeError:  # a device autocast does not know (meta: a step counted, not run)
+        on = False
+    return torch.autocast(kind, enabled=False) if on else contextlib.nullcontext()
 
 
 def check_choice(name: str, value, choices: tuple) -> None:
@@ -238,6 +240,12 @@ class StreamRouter(Router):
         if schedule is not None:
             raise ValueError(f"{self.name} has no two-phase schedule; pass schedule=None")
         return 3.0 * self.n + 2.0
+
+    def ideal_io_fwd_bwd_per_token(self) -> float:
+        """6n + 5 (docs/ROUTERS.md, "The ideal fwd+bwd model"; 29 at n = 4): the forward's 3n + 2,
+        and a backward that reads the gradients of X' and h (n + 1), re-reads X and u, which the
+        coefficients' gradients need (n + 1), and writes the gradients of X and u (n + 1)."""
+        return 6.0 * self.n + 5.0
 
 
 class Coefficients(NamedTuple):

@@ -15,7 +15,8 @@
 #            CUDA-graph replay, bf16 fwd_bwd, d=1024 L=4 T=512 B=8: ratio to prenorm, x floor, vs eager
 #   compile  the same routers compiled (model scope), one run per router (prenorm + it), so each
 #            one that compiles in time is kept
-#   impls    fused (Triton kernels) against naive, two_phase, lean and, for block_attnres, the peer
+#   impls    each fused kernel alone (routerbench kernels), then fused (Triton kernels) against naive,
+#            two_phase, lean and, for block_attnres, the peer
 #            kernels available here: eager and CUDA-graph replay on the decoder, then on the
 #            router_only workload (routing cost alone), then two_phase, lean and fused compiled
 #            (model scope) for haares; the check's shape, paired with prenorm, x floor
@@ -372,6 +373,9 @@ stage 4
 # every impl of the three two-phase routers (each runs those it offers; the peers are block_attnres's),
 # on the decoder, then on the router_only workload, then compiled; each run keeps what it measured
 IMPL_ROUTERS=prenorm,block_attnres,haares,wav_v1
+# each fused kernel alone at the byte rule's shape (d=1024, 12 layers, 8,192 rows, bf16): time warm and
+# after an L2 flush, GB/s, share of the copy bandwidth, the autotuner's config; each peer per op
+[[ " ${impls[*]} " == *" fused "* ]] && run_timed "impls (kernels)" TERM "${NEED[4]}" "${CLI[@]}" kernels --repeats 20
 run_timed impls TERM "${NEED[4]}" "${CLI[@]}" run --routers "$IMPL_ROUTERS" --impls "$(IFS=,; echo "${impls[*]}")" \
   "${SHAPE[@]}" --backends eager,cudagraph --repeats 10 "${QUIET[@]}" --no-flops --run-id "$TAG-impls"
 run_timed "impls (router_only)" TERM "${NEED[4]}" "${CLI[@]}" run --workload router_only --routers "$IMPL_ROUTERS" \

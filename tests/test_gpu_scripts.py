@@ -127,6 +127,9 @@ def test_dry_run_prints_each_stage_s_commands(dry):
     assert _option(impls_compiled, "--backends") == "compile"
     assert _option(lean, "--impls") == "two_phase,lean,fused" and _option(lean, "--routers") == "prenorm,haares,wav_v1"
     assert train[0] == "train" and _option(train, "--backend") == "cudagraph"
+    kernels = f"  $ {NO_PYTHON} -m harness.cli kernels --repeats 20"  # each fused kernel alone, first of impls
+    assert kernels in out and out.index(kernels) < out.index("-m harness.cli run --routers prenorm,block_attnres,"
+                                                             "haares,wav_v1 --impls")
     assert f"  $ {NO_PYTHON} -m pytest -q -p no:cacheprovider -m cuda --tb=short --durations=10 tests/" in out
     # --no-flops reaches the one stage that counts FLOPs
     assert "--no-flops" in _commands(dry[("--no-flops",)][0].stdout)[0]
@@ -158,6 +161,8 @@ def test_every_routerbench_command_of_the_plan_passes_its_own_dry_run(dry):
         assert re.search(plan, res.output) and "dry run: no model built, no run directory created" in res.output, \
             res.output
     assert not Path(_option(cmds[0], "--out")).parent.exists()  # nor did any of them write
+    res = runner.invoke(main, ["kernels", "--repeats", "20", "--dry-run"])  # the impls stage's first command
+    assert res.exit_code == 0 and "dry run: no kernel run" in res.output, res.output
 
 
 @pytest.mark.parametrize("args", [("--budget", "abc"), ("--budget", "0"), ("--budget", "1.5"), ("--budget=-60",),

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("train", "train_cmd", "Time to a target validation loss, routers x seeds paired by seed."),
     "study": ("study", "study_group", "Studies across a grid of shapes (`study depth`)."),
     "profile": ("profile", "profile_cmd", "torch.profiler traces of one case; the router's share of a step."),
+    "costs": ("costs", "costs_cmd", "Launches and bytes of one step per router and impl, counted, never timed."),
+    "kernels": ("kernels", "kernels_cmd", "Each fused kernel alone (time, GB/s, config) and each peer per op."),
     "report": ("report", "report_cmd", "Tables, figures, report.html and report.md from run dirs."),
     "summary": ("report", "summary_cmd", "Paired ratios vs prenorm and vs eager, with CIs and noise flags."),
     "compare": ("compare", "compare_cmd", "Paired ratios per device and step-time ratios between runs."),

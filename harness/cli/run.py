@@ -70,7 +70,8 @@ def run_cmd(config, dry_run, **cli) -> None:
     run = Run("run", spec)  # a locked or mismatched run directory fails here, in one line
     calibrate(forecast, spec.output.out, device, exclude=run.run_id).echo()
     split = split_groups(cases, opts.paired, budget)
-    run.manifest({"cases": len(cases), "timing": timing_manifest(opts),
+    from reports.floor import FLOOR_VERSION
+    run.manifest({"cases": len(cases), "timing": timing_manifest(opts), "floor_version": FLOOR_VERSION,
                   "group_memory": {"budget_bytes": budget, "fraction_of_free": MEMORY_FRACTION,
                                    "split": split},
                   "impls": impl_manifest(cases, run.device), "plan": forecast.manifest(run.resumed),

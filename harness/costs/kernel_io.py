@@ -4,8 +4,9 @@ the kernel asks for it (what a GPU moves is at least that for each distinct byte
 serve repeats).
 
 :func:`counting` instruments the interpreter; :func:`fused_kernel_bytes` drives a block router's
-``fused`` kernels (``routers/block/fused_launch.py``) through the contract's loop at one shape and gives
-the ``router_io_kernel`` figure beside ``router_io_ideal`` (:meth:`routers.Router.ideal_io_per_token`).
+``fused`` kernels (``routers/block/fused_launch.py``) through the contract's loop at one shape: the
+interpreter's count that ``make test-kernels`` holds each kernel's declared byte model
+(``routers/block/fused_bytes.py``, which ``router_io_kernel`` and ``routerbench costs`` use) to.
 """
 
 from __future__ import annotations

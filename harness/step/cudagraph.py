@@ -122,7 +122,9 @@ class GraphedStep:
         mode: ``fwd``, ``fwd_bwd``, ``train_step`` or ``decode``.
         x, y: token ids (B, T); copied into static buffers.
         decode_input: (token, position) for ``decode`` (:func:`harness.step.modes.prefill_for_decode`).
-        warmup: side-stream warm-up steps before the pre-flight and the capture.
+        warmup: side-stream warm-up steps before the pre-flight and the capture, at least 1: the
+            step at the captured shape runs eagerly first, so the Triton autotuner chooses each
+            kernel's config for that shape's row bucket there, never inside the capture.
         optimizer: the optimizer of ``train_step`` (default: AdamW with ``capturable=True``,
             :func:`harness.step.modes.make_optimizer`).
         api: the CUDA-graph API (``torch.cuda``; a test double runs the protocol on a CPU).
@@ -134,11 +136,15 @@ class GraphedStep:
 
     Raises:
         CaptureError: no CUDA device, a host sync in the pre-flight, or a failed capture.
+        ValueError: ``warmup`` < 1.
     """
 
     def __init__(self, model: nn.Module, mode: str, x: Tensor, y: Tensor,
                  decode_input: tuple[Tensor, Tensor] | None = None, warmup: int = 3,
                  optimizer: torch.optim.Optimizer | None = None, api=torch.cuda) -> None:
+        if warmup < 1:
+            raise ValueError(f"warmup must be at least 1 (got {warmup}): the autotuner and the allocator "
+                             "settle in an eager step at the captured shape before the capture")
         device = x.device
         if api is torch.cuda and (device.type != "cuda" or not torch.cuda.is_available()):
             raise CaptureError("cudagraph needs a CUDA device")

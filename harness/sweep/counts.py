@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from harness.costs.flop_counter import count_flops_dispatch, recompute_counter
-from harness.costs.kernel_io import fused_kernel_bytes
 from harness.costs.ops import count_kernel_launches, count_ops_step
-from harness.costs.traffic import router_bytes_moved
+from harness.costs.step_costs import step_costs
 from harness.rundir.writer import StagingWriter
 from workloads.decoder import Decoder
 
@@ -127,14 +126,15 @@ def measure_recompute(case: Case, model: Decoder, x: torch.Tensor, w: StagingWri
 
 
 def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
-    """The router's cost models and its measured traffic (per router, impl and shape).
+    """The router's cost models and what its forward moves (per router, impl and shape).
 
     Rows: ``router_flops_analytic`` (FLOP, the naive reference formula), ``router_state``
     (bytes, peak live state of this impl), ``router_io_ideal`` and ``router_io_measured``
-    (bytes per token and sublayer: the ideal I/O model of the AttnRes paper's Table 1, and what
-    this eager impl's ops read and write, :mod:`harness.costs.traffic`, measured on the CPU on one
-    sequence of at most 32 tokens), and for ``fused`` ``router_io_kernel`` (what its Triton
-    kernels load and store, :mod:`harness.costs.kernel_io`, on the same sequence).
+    (bytes per token and sublayer of one forward: the ideal I/O model of the AttnRes paper's
+    Table 1, and what this impl moves by the byte rule, :mod:`harness.costs.step_costs`, counted
+    on the meta device at the case's shape and state: every op of ours by its tensors, every
+    ``fused`` kernel by its declared byte model, no Triton needed), and for ``fused``
+    ``router_io_kernel`` (the part of that forward its Triton kernels move).
     """
     cols, cfg, r = case.columns(), case.cfg, model.router
     item = cfg.torch_dtype.itemsize
@@ -145,14 +145,9 @@ def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
             value=r.live_state_bytes(cfg.batch_size, cfg.seq_len, cfg.torch_dtype, impl=impl))
     w.write(**cols, metric="router_io_ideal", unit="bytes/token/sublayer",
             value=r.ideal_io_per_token() * cfg.d_model * item)
-    w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer",
-            # per-token traffic does not depend on B·T: measure on one short sequence
-            value=router_bytes_moved(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item)
-    if case.impl == "fused":
-        try:  # the kernels' own loads and stores, under Triton's interpreter at one short sequence
-            value = fused_kernel_bytes(r, 1, min(cfg.seq_len, 32), cfg.torch_dtype) * cfg.d_model * item
-        except Exception as exc:  # noqa: BLE001 - a count that fails never stops the timing
-            w.write(**cols, metric="router_io_kernel", unit="bytes/token/sublayer", status="error",
-                    error=f"not counted: {type(exc).__name__}: {exc}")
-        else:
-            w.write(**cols, metric="router_io_kernel", unit="bytes/token/sublayer", value=value)
+    fwd = step_costs(case.router, cfg.d_model, cfg.n_layers, cfg.batch_size * cfg.seq_len, cfg.torch_dtype,
+                     options=case.router_kwargs(), region=case.compile_scope == "layer", backward=False)
+    w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer", value=fwd.per_token_sublayer(fwd.bytes))
+    if fwd.launches_kernel:
+        w.write(**cols, metric="router_io_kernel", unit="bytes/token/sublayer",
+                value=fwd.per_token_sublayer(fwd.bytes_kernel))

@@ -262,6 +262,19 @@ PARITY_TOKENS = 128
 _PARITY: dict[tuple, object] = {}
 
 
+def parity_tokens(case: Case, device: torch.device) -> int:
+    """Tokens of the one sequence ``case``'s parity check runs: :data:`PARITY_TOKENS` at most, as a
+    router mixes over depth per token; but ``fused`` on CUDA at the case's own B·T, and at least
+    2 × ``MAX_PROGRAMS`` + 1 rows, so its kernels run the row loop and the tuned configs they will
+    be timed with (``routers.block.fused_launch``: phase 2's backward takes several rows per
+    program past ``MAX_PROGRAMS`` rows, and the autotuner keys on the row bucket)."""
+    cfg = case.cfg
+    if case.impl == "fused" and device.type == "cuda":
+        from routers.block import fused_launch
+        return max(cfg.batch_size * cfg.seq_len, 2 * fused_launch.MAX_PROGRAMS + 1)
+    return min(cfg.seq_len, PARITY_TOKENS)
+
+
 def needs_parity(case: Case) -> bool:
     """Whether :func:`check_parity` checks ``case``: an impl other than ``naive`` of a router of a
     family (``routers.impls.FAMILIES``)."""
@@ -270,8 +283,8 @@ def needs_parity(case: Case) -> bool:
 
 def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | None:
     """Before an impl other than ``naive`` of a router with impls is timed, check it against ``naive``
-    at the case's width, depth, dtype and device on one sequence of at most
-    :data:`PARITY_TOKENS` tokens (:func:`router_parity`; once per router, options,
+    at the case's width, depth, dtype and device on one sequence of :func:`parity_tokens` tokens (at
+    most :data:`PARITY_TOKENS`, but ``fused`` on CUDA at its own rows) (:func:`router_parity`; once per router, options,
     impl, shape, dtype, device and backward in a process). Writes a ``parity_error`` row (the largest
     relative error; unit ``rel``) and, on failure, the case's ``error`` row ``parity failed: …``.
 
@@ -282,8 +295,9 @@ def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | No
         return None
     cfg, backward = case.cfg, case.mode in BACKWARD_MODES
     # The router mixes over depth per token: one sequence of at most PARITY_TOKENS tokens has every
-    # source count, width and dtype of the case at a fraction of its memory (naive runs in float64).
-    tokens = min(cfg.seq_len, PARITY_TOKENS)
+    # source count, width and dtype of the case at a fraction of its memory (naive runs in float64);
+    # fused on CUDA runs at the case's own rows (parity_tokens)
+    tokens = parity_tokens(case, device)
     key = (case.router, case.options_json, case.impl, cfg.d_model, cfg.n_layers, tokens,
            cfg.dtype, str(device), backward)
     if key not in _PARITY:

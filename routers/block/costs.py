@@ -197,6 +197,25 @@ class BlockCosts:
         phase2 = 3 + 2 * n_bases                              # u, o, h; P, D read and written
         return phase1 + phase2
 
+    def ideal_io_fwd_bwd_per_token(self, layout: str = "tuple") -> float:
+        """Ideal traffic of a training step per token and sublayer, units of d (docs/ROUTERS.md,
+        "The ideal fwd+bwd model"): 4·phase1 + 8 + 5(1+K), with phase1 the forward's phase-1 share
+        (:meth:`ideal_io_per_token`, ``layout`` as there). Block AttnRes at L = 12, N = 6: 19;
+        haares 30; wav_v1 41 (prenorm 6).
+
+        - forward: phase1 + 3 + 2(1+K) (:meth:`ideal_io_per_token`);
+        - phase 2's backward, per sublayer: read ∂h (1) and the gradients of the new running sums
+          (1+K); re-read o, P and the details its weights need (1 + (1+K)); write ∂o (1), ∂u (1)
+          and the gradients of the old running sums (1+K): 4 + 3(1+K);
+        - phase 1's backward, per block: read the m output gradients (1 per sublayer), re-read the
+          completed sources (phase1) and read and write each one's gradient, which every later
+          block's phase 1 adds to (2·phase1): 1 + 3·phase1.
+        """
+        fwd = self.ideal_io_per_token(layout=layout)
+        n_bases = 1 + len(self.detail_kinds)
+        phase1 = fwd - (3 + 2 * n_bases)
+        return fwd + (4 + 3 * n_bases) + (1 + 3 * phase1)
+
     def masked_phase1_flops(self, batch_size: int, seq_len: int) -> float:
         """Forward FLOP the padded pool adds over phase 1 on the completed sources alone (docs/FLOPS.md
         convention), over B·T tokens: the phase 1 of each block b ≥ 2 (block 1's runs over e alone)

@@ -8,6 +8,9 @@ Triton at import and is loaded only by those launches and by the tests.
 Conventions of every kernel:
 
 - a token row is one (d,) row of a contiguous (B, T, d) tensor, R = B·T rows; offsets are int64;
+  ``R_BUCKET`` (the least power of two ≥ R) is read by no kernel: it is a key of the autotuner
+  (``fused_launch.KEYS``), so a launch over far more rows than the one tuned first gets its own
+  config;
 - the pool's sources and a block's updates come as a tuple of pointers (one specialisation per
   tuple length), never stacked into one tensor (a stack would cost a write and a read of the pool);
 - loads are converted to float32 and every dot, norm and softmax statistic in a kernel accumulates
@@ -33,7 +36,7 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def inv_rms_fwd(v, r, R, d, eps, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def inv_rms_fwd(v, r, R, d, eps, R_BUCKET, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """r[row] = rsqrt(mean(v[row]²) + eps) for BLOCK_R rows of v (R, d)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
@@ -43,7 +46,7 @@ def inv_rms_fwd(v, r, R, d, eps, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def inv_rms_bwd(v, r, g, gv, R, d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def inv_rms_bwd(v, r, g, gv, R, d, R_BUCKET, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """gv = −g·r³·v/d (the gradient of :func:`inv_rms_fwd`, from v and the saved r)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
@@ -97,7 +100,7 @@ def _merge_weights(qv, Pv, Dt, mu, sv, bias, d, eps, max_scale, K: tl.constexpr,
 
 
 @triton.jit
-def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, K: tl.constexpr,
+def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET, K: tl.constexpr,
                HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """h = w_o·o + w_P·P + Σ_j w_j·c_j·D_j for one token row (the merge of
     ``routers.block.phases.merge``: o's logit is phase 1's log-sum-exp μ + log s)."""
@@ -116,7 +119,7 @@ def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, K: tl.con
 
 @triton.jit(do_not_specialize=["bits"])
 def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq_part, gb_part,
-               R, d, eps, max_scale, rows_per_prog, K: tl.constexpr, U: tl.constexpr, HAS_BIAS: tl.constexpr,
+               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K: tl.constexpr, U: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows: P and the details are
     rebuilt from the block's updates u_0 … u_{p−1} (oldest first) by the forward's own sums, each
@@ -193,7 +196,7 @@ def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.cons
 
 
 @triton.jit
-def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, N: tl.constexpr,
+def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, R_BUCKET, N: tl.constexpr,
                HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """m = n_q queries q (m, d) over the N sources of one token row, by online softmax in one pass
@@ -251,7 +254,7 @@ def _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d):
 
 @triton.jit
 def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v, g_r, g_l,
-               R, d, n_q, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
+               R, d, n_q, row0, RC, R_BUCKET, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
                HAS_GO: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """The gradient of :func:`phase1_fwd` for one token row and BLOCK_M queries (program (row, g)
     as :func:`phase1_fwd`), recomputed from the sources, their inverse RMS and the float32 μ, s:
@@ -261,8 +264,10 @@ def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v
     g_v[g, i] (groups, N, R, d) and ∂/∂r_i = Σ_m gℓ·(q·V_i) into g_r[g, i] (groups, N, R), each
     summed over the queries of its group (the launcher sums the groups), and gℓ into g_l (N, m, R),
     from which the launcher sums ∂/∂q = Σ (gℓ·r) V and ∂/∂bias = Σ gℓ over the rows (a loop over
-    rows here would keep each source's addresses live across it, and spill)."""
-    row = tl.program_id(0).to(tl.int64)
+    rows here would keep each source's addresses live across it, and spill). A launch covers the
+    rows row0 … row0 + programs − 1, and g_v and g_r hold RC rows from row0 (the launcher's chunk)."""
+    row = row0 + tl.program_id(0).to(tl.int64)
+    lrow = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1).to(tl.int64)
     mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
@@ -287,13 +292,13 @@ def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v
             gv = tl.sum(beta[:, None] * G + (gl * rr)[:, None] * Q, axis=0)
         else:
             gv = tl.sum((gl * rr)[:, None] * Q, axis=0)
-        tl.store(g_v + (grp * N + i) * R * d + row * d + cols, gv.to(g_v.dtype.element_ty), mask=cm)
-        tl.store(g_r + (grp * N + i) * R + row, tl.sum(gl * dot, axis=0))
+        tl.store(g_v + (grp * N + i) * RC * d + lrow * d + cols, gv.to(g_v.dtype.element_ty), mask=cm)
+        tl.store(g_r + (grp * N + i) * RC + lrow, tl.sum(gl * dot, axis=0))
         tl.store(g_l + (i * n_q + mi) * R + row, gl, mask=mm)
 
 
 @triton.jit
-def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d, n_q, N: tl.constexpr,
+def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d, n_q, R_BUCKET, N: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_dot (m, R) = Σ_i β_i·(g_o·V_i) = g_o·o per query and row, recomputed from the sources (the
     first pass of :func:`phase1_bwd`; program (row, g) as :func:`phase1_fwd`)."""

@@ -81,11 +81,16 @@ def configs(name: str, d: int) -> tuple[int, ...]:
 #: software-pipelining stages of every config: 1, as the kernels stream rows (with the default 3
 #: the compiler prefetches the next rows of the backward's loop into registers, and spills)
 NUM_STAGES = 1
-#: autotune key of each kernel (beside the dtypes, which Triton's autotuner always keys on)
+#: autotune key of each kernel (beside the dtypes, which Triton's autotuner always keys on): the
+#: width, the pool's and queries' counts, and the row bucket ``R_BUCKET`` (the least power of two
+#: ≥ B·T), so a case timed at 8,192 rows is tuned there, not at the 128 rows of its parity check
 KEYS: dict[str, tuple[str, ...]] = {
-    "inv_rms_fwd": ("d",), "inv_rms_bwd": ("d",), "phase2_fwd": ("d", "K"), "phase2_bwd": ("d", "K", "U"),
-    "phase1_fwd": ("d", "N", "n_q"), "phase1_bwd_dot": ("d", "N", "n_q"), "phase1_bwd": ("d", "N", "n_q"),
+    "inv_rms_fwd": ("d", "R_BUCKET"), "inv_rms_bwd": ("d", "R_BUCKET"), "phase2_fwd": ("d", "K", "R_BUCKET"),
+    "phase2_bwd": ("d", "K", "U", "R_BUCKET"), "phase1_fwd": ("d", "N", "n_q", "R_BUCKET"),
+    "phase1_bwd_dot": ("d", "N", "n_q", "R_BUCKET"), "phase1_bwd": ("d", "N", "n_q", "R_BUCKET"),
 }
+
+
 #: programs of phase 2's backward: each sums ∂/∂q and ∂/∂bias over its rows, the launcher over
 #: the programs (two-stage, no atomics)
 MAX_PROGRAMS = 256
@@ -96,11 +101,47 @@ def kernels() -> ModuleType:
     return fused_kernels
 
 
-@functools.lru_cache(maxsize=None)
-def launcher(mod: ModuleType, name: str, d: int):
+def launcher(mod, name: str, d: int):
     """Kernel ``name`` of ``mod`` at width d, ready to index with a grid: autotuned over its
     :func:`configs` on a GPU, or their first under the interpreter (a kernel defined while
-    ``TRITON_INTERPRET=1``). Made once per (module, kernel, width): a launch looks it up."""
+    ``TRITON_INTERPRET=1``); recorded with its bytes where ``mod`` is a
+    :class:`routers.block.fused_bytes.RecordedLaunches`. A kernels module's launcher is made once
+    per (module, kernel, width)."""
+    if getattr(mod, "records_launches", False):
+        configs(name, d)  # a width the kernels do not take is refused as on a device
+        return lambda grid: (lambda *a, **k: mod.record(name, grid, a, k))
+    run = _launcher(mod, name, d)
+    if not _WATCHERS:
+        return run
+
+    def at(grid):
+        go = run(grid)
+
+        def launch(*a, **k):
+            for watch in tuple(_WATCHERS):
+                watch(name, d, tuple(grid), a, k)
+            return go(*a, **k)
+        return launch
+    return at
+
+
+#: what :func:`watching` installed: each is told of every launch before it runs
+_WATCHERS: list = []
+
+
+@contextlib.contextmanager
+def watching(watch) -> Iterator[None]:
+    """Call ``watch(name, d, grid, args, kwargs)`` before every kernel launch of the body (what
+    ``routerbench kernels`` captures each launch with)."""
+    _WATCHERS.append(watch)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(watch)
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher(mod: ModuleType, name: str, d: int):
     import triton
     from triton.runtime.interpreter import InterpretedFunction
     fn, warps = getattr(mod, name), configs(name, d)
@@ -133,7 +174,7 @@ def run_inv_rms(mod: ModuleType, v: Tensor, eps: float = EPS) -> Tensor:
     bd = pow2(d)
     br = max(1, min(16, 4096 // bd))
     r = v.new_empty(v.shape[:-1], dtype=torch.float32)
-    launcher(mod, "inv_rms_fwd", d)(((R + br - 1) // br,))(v, r, R, d, eps, BLOCK_R=br, BLOCK_D=bd)
+    launcher(mod, "inv_rms_fwd", d)(((R + br - 1) // br,))(v, r, R, d, eps, R_BUCKET=pow2(R), BLOCK_R=br, BLOCK_D=bd)
     return r
 
 
@@ -142,7 +183,8 @@ def run_inv_rms_bwd(mod: ModuleType, v: Tensor, r: Tensor, g: Tensor) -> Tensor:
     bd = pow2(d)
     br = max(1, min(16, 4096 // bd))
     gv = torch.empty_like(v)
-    launcher(mod, "inv_rms_bwd", d)(((R + br - 1) // br,))(v, r, g.contiguous(), gv, R, d, BLOCK_R=br, BLOCK_D=bd)
+    launcher(mod, "inv_rms_bwd", d)(((R + br - 1) // br,))(v, r, g.contiguous(), gv, R, d, R_BUCKET=pow2(R), BLOCK_R=br,
+                                                             BLOCK_D=bd)
     return gv
 
 
@@ -171,7 +213,7 @@ def run_phase1(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tensor],
     bm = query_block(m, d)
     launcher(mod, "phase1_fwd", d)((R, -(-m // bm)))(
         tuple(values), tuple(inv), q, q if bias is None else bias, q if valid is None else valid.view(torch.uint8),
-        o0, o0 if m == 1 or not write_o else rest, mx, s, R, d, m, N=n, HAS_BIAS=bias is not None,
+        o0, o0 if m == 1 or not write_o else rest, mx, s, R, d, m, R_BUCKET=pow2(R), N=n, HAS_BIAS=bias is not None,
         HAS_VALID=valid is not None, WRITE_O=write_o, BLOCK_M=bm, BLOCK_D=pow2(d))
     return o0, rest, mx, s
 
@@ -184,18 +226,27 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tens
     source as a torch matmul in the sources' dtype (as the plain backward's; in float32 on CUDA it
     follows ``torch.backends.cuda.matmul.allow_tf32``, off by default), and Σ_rows gℓ.
 
-    Temporary memory: gℓ (n, m, B·T) float32, and where the queries take more than one program per
-    row (``query_block``: m·d past 4,096 floats, e.g. m > 4 at d = 1024) each group's partial
-    ∂/∂values in float32, groups × n × (B, T, d), summed here."""
+    Temporary memory, at most the pool's own size (n × B·T × d elements of the sources' dtype):
+    gℓ (n, m, B·T) float32, and where the queries take more than one program per row
+    (``query_block``: m·d past 4,096 floats, e.g. m > 4 at d = 1024) each group's partial ∂/∂values
+    and ∂/∂inv in float32 for a chunk of rows (:func:`phase1_bwd_chunk`: as many rows as fit in the
+    pool's size less gℓ), summed over the groups into the result chunk by chunk; one launch per
+    chunk. With one group the kernel writes the result directly."""
     v0 = values[0]
     R, d = _rows(v0)
     m, n = q.shape[0], len(values)
     bm = query_block(m, d)
     groups = -(-m // bm)
-    # one group: ∂/∂V in the sources' dtype; several: each group's partial in float32, summed after
-    g_v = v0.new_empty((groups, n, *v0.shape), dtype=v0.dtype if groups == 1 else torch.float32)
-    g_r = v0.new_empty((groups, n, *v0.shape[:-1]), dtype=torch.float32)
     g_l = v0.new_empty((n, m, R), dtype=torch.float32)
+    chunk = phase1_bwd_chunk(n, m, R, d, v0.element_size(), groups)
+    if groups == 1:  # ∂/∂V written in the sources' dtype, in place
+        g_v = v0.new_empty((1, n, *v0.shape))
+        g_r = v0.new_empty((1, n, *v0.shape[:-1]), dtype=torch.float32)
+    else:  # each group's partial in float32 for one chunk of rows at a time, summed after
+        out_v = v0.new_empty((n, *v0.shape))
+        out_r = v0.new_empty((n, *v0.shape[:-1]), dtype=torch.float32)
+        g_v = v0.new_empty((groups, n, chunk, d), dtype=torch.float32)
+        g_r = v0.new_empty((groups, n, chunk), dtype=torch.float32)
     has_go = g_o0 is not None or (g_rest is not None and m > 1)
     if has_go:
         g_o0 = torch.zeros_like(v0) if g_o0 is None else g_o0.contiguous()
@@ -207,20 +258,36 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Sequence[Tens
     if has_go:
         g_dot = torch.empty_like(mx)
         launcher(mod, "phase1_bwd_dot", d)((R, groups))(
-            *pool, g_o0, g_rest, g_dot, R, d, m, N=n, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
+            *pool, g_o0, g_rest, g_dot, R, d, m, R_BUCKET=pow2(R), N=n, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
             BLOCK_M=bm, BLOCK_D=pow2(d))
-    launcher(mod, "phase1_bwd", d)((R, groups))(
-        *pool, g_o0 if has_go else mx, g_rest if has_go else mx, mx if g_s is None else g_s.contiguous(), g_dot,
-        g_v, g_r, g_l, R, d, m, N=n, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
-        HAS_GO=has_go, HAS_GS=g_s is not None, BLOCK_M=bm, BLOCK_D=pow2(d))
-    if groups > 1:  # the second stage of the sum over queries
-        g_v, g_r = g_v.sum(0).to(v0.dtype), g_r.sum(0)
-    else:
+    rest = (g_o0 if has_go else mx, g_rest if has_go else mx, mx if g_s is None else g_s.contiguous(), g_dot)
+    flags = dict(R_BUCKET=pow2(R), N=n, HAS_BIAS=bias is not None, HAS_VALID=valid is not None, HAS_GO=has_go,
+                 HAS_GS=g_s is not None, BLOCK_M=bm, BLOCK_D=pow2(d))
+    if groups == 1:
+        launcher(mod, "phase1_bwd", d)((R, 1))(*pool, *rest, g_v, g_r, g_l, R, d, m, 0, R, **flags)
         g_v, g_r = g_v[0], g_r[0]
+    else:  # the second stage of the sum over query groups, a chunk of rows at a time
+        for r0 in range(0, R, chunk):
+            rc = min(chunk, R - r0)
+            launcher(mod, "phase1_bwd", d)((rc, groups))(*pool, *rest, g_v, g_r, g_l, R, d, m, r0, chunk, **flags)
+            out_v.view(n, R, d)[:, r0:r0 + rc] = g_v[:, :, :rc].sum(0)
+            out_r.view(n, R)[:, r0:r0 + rc] = g_r[:, :, :rc].sum(0)
+        g_v, g_r = out_v, out_r
     g_q = q.new_zeros((m, d), dtype=torch.float32)
     for i, (v, r) in enumerate(zip(values, inv)):
         g_q += torch.matmul((g_l[i] * r.reshape(1, R)).to(v.dtype), v.reshape(R, d)).float()
     return g_v, g_r, g_q, g_l.sum(-1).t().contiguous() if bias is not None else None
+
+
+def phase1_bwd_chunk(n: int, m: int, R: int, d: int, itemsize: int, groups: int) -> int:
+    """Rows per launch of phase 1's backward over ``groups`` query groups: all R with one group;
+    else as many as keep its float32 partials and their sum over the groups ((groups + 1) × n ×
+    rows × (d + 1) × 4 bytes) and gℓ (n × m × R × 4) within the pool's own size (n × R × d ×
+    ``itemsize``), at least one."""
+    if groups == 1:
+        return R
+    room = n * R * d * itemsize - n * m * R * 4
+    return max(1, min(R, room // ((groups + 1) * n * (d + 1) * 4)))
 
 
 def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor,
@@ -232,7 +299,7 @@ def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: 
                          f"q ({d},); got o {tuple(o.shape)}, mu {tuple(mx.shape)}, s {tuple(s.shape)}, q {tuple(q.shape)}")
     h = torch.empty_like(o)
     launcher(mod, "phase2_fwd", d)((R,))(
-        o, mx, s, q, P, tuple(details) or (P,), q if bias is None else bias, h, R, d, EPS, max_scale, K=K,
+        o, mx, s, q, P, tuple(details) or (P,), q if bias is None else bias, h, R, d, EPS, max_scale, R_BUCKET=pow2(R), K=K,
         HAS_BIAS=bias is not None, BLOCK_K=pow2(max(K, 2)), BLOCK_D=pow2(d))
     return h
 
@@ -251,7 +318,7 @@ def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor,
     gb = mx.new_empty((progs, bk))
     launcher(mod, "phase2_bwd", d)((progs,))(
         g.contiguous(), h, mx, s, q, q if bias is None else bias, tuple(updates), q if coef_t is None else coef_t,
-        bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, gq, gb, R, d, EPS, max_scale, per, K=K, U=len(updates),
+        bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, gq, gb, R, d, EPS, max_scale, per, R_BUCKET=pow2(R), K=K, U=len(updates),
         HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk, BLOCK_D=pow2(d))
     return g_o, g_s, g_p, g_d, gq.sum(0), gb.sum(0)[:K] if bias is not None else None
 

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from ..mixer import EPS, softmax_dtype
-from .phases import Phases
+from .phases import Phases, autocast_off
 from .plan import coefficient
 
 #: What a Function's backward runs its recompute in: a factory of a context manager (a FLOP
@@ -62,14 +62,17 @@ def recomputing(scope: Scope) -> ContextManager:
 def _autocast_state(t: Tensor) -> tuple[str, bool, torch.dtype]:
     """The autocast state of ``t``'s device now (kept by a forward for its backward)."""
     dev = t.device.type
-    return dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)
+    try:
+        return dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)
+    except RuntimeError:  # a device autocast does not know (meta): none
+        return dev, False, None
 
 
 def _autocast(state: tuple[str, bool, torch.dtype]) -> ContextManager:
     """Autocast as the forward ran (what ``torch.amp.custom_bwd`` does, for any device): a
     backward runs outside the forward's autocast, and its contractions must cast alike."""
     dev, enabled, dtype = state
-    return torch.autocast(dev, dtype=dtype, enabled=enabled)
+    return torch.autocast(dev, dtype=dtype, enabled=enabled) if dtype is not None else contextlib.nullcontext()
 
 
 def _dot(a: Tensor, b: Tensor, acc: torch.dtype) -> Tensor:
@@ -125,7 +128,7 @@ class Phase1(torch.autograd.Function):
         values, inv = tensors[:n], tensors[n:]
         V = torch.stack(values, dim=2)                                # (B, T, n, d), transient
         acc = softmax_dtype(V.dtype)
-        with torch.autocast(V.device.type, enabled=False):  # as phases.exact_matmul
+        with autocast_off(V.device.type):  # as phases.exact_matmul
             dots = torch.matmul(V, q.t()).to(acc)                     # (B, T, n, m)
         logits = dots * torch.stack(inv, dim=-1).unsqueeze(-1)
         if bias is not None:
@@ -143,7 +146,7 @@ class Phase1(torch.autograd.Function):
         ctx.mark_non_differentiable(mx)
         if alias:
             return mx, s
-        with torch.autocast(V.device.type, enabled=False):
+        with autocast_off(V.device.type):
             w = (p / s.permute(1, 2, 0).unsqueeze(2)).to(V.dtype)
             o = torch.matmul(w.mT, V).movedim(2, 0)                    # (m, B, T, d)
         if contiguous:  # the layer scope: a region guards on the strides of its inputs, which must not
@@ -176,7 +179,7 @@ class Phase1(torch.autograd.Function):
         g_l = torch.zeros_like(beta) if g_s is None else beta * (g_s.movedim(0, -1).unsqueeze(2) * s)
         g_v = None
         # the contractions in the sources' dtype, as the forward's (phases.exact_matmul)
-        with torch.autocast(V.device.type, enabled=False):
+        with autocast_off(V.device.type):
             if not alias and (grads[0] is not None or grads[1] is not None):
                 g_o0, g_rest = grads[0], grads[1]
                 m = dots.shape[-1]

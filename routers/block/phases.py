@@ -52,6 +52,16 @@ def inv_rms(v: Tensor) -> Tensor:
     return torch.rsqrt(ms + EPS)
 
 
+def autocast_off(device_type: str) -> ContextManager:
+    """Autocast off on ``device_type``, or nothing where autocast does not know the device (meta:
+    a step counted, not run, ``harness.costs.step_costs``)."""
+    try:
+        torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
 def exact_matmul(t: Tensor) -> ContextManager:
     """Phase 1's contractions in the sources' own dtype, also inside an autocast region: the
     schedule takes its dots in the input dtype (ROUTERS.md, "Precision"), which an einsum kept
@@ -59,7 +69,11 @@ def exact_matmul(t: Tensor) -> ContextManager:
     Outside autocast, nothing: a compiled region that enters an autocast context is not cached
     by AOTAutograd ("Unsupported call_function target _enter_autocast")."""
     dev = t.device.type
-    return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else contextlib.nullcontext()
+    try:
+        on = torch.is_autocast_enabled(dev)
+    except RuntimeError:  # a device autocast does not know (meta: a step counted, not run)
+        on = False
+    return torch.autocast(dev, enabled=False) if on else contextlib.nullcontext()
 
 
 def phase1(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],

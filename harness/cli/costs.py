@@ -1,0 +1,138 @@
+"""``routerbench costs``: what one step of each router and impl dispatches and moves, counted on the
+meta device (no timing, no Triton: a ``fused`` kernel's launch is recorded with its declared byte
+model), beside the ideal models and the floor (docs/MEASUREMENT.md, "The byte rule";
+docs/ROUTERS.md, "The ideal fwd+bwd model")."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import SHORT_HELP
+from ..spec.costs import CostsSpec
+from .common import load_spec, spec_options
+
+#: The fields of every row (``--json``), in order.
+FIELDS = ("router", "impl", "d_model", "n_layers", "tokens", "dtype", "scope", "mode", "launches_kernel",
+          "launches_other", "launches", "launches_vs_prenorm", "bytes_per_token_sublayer", "units",
+          "units_kernel", "units_vs_prenorm", "ideal_io_per_token_sublayer", "ideal_units", "floor_units",
+          "x_floor", "saved_units", "saved_vs_prenorm", "router_flops_per_token", "error")
+
+
+def cost_rows(spec: CostsSpec) -> list[dict]:
+    """One row per router × impl (where offered) × width × depth × scope (:data:`FIELDS`): its
+    launches, bytes per token and sublayer (and in units of d), each against prenorm's at the same
+    shape and scope; the ideal forward model, the ideal model of the counted step and the floor
+    (router − prenorm in that model) with ``x_floor`` = (units − prenorm's) / floor; the saved
+    activations; the router's analytic forward FLOPs per token. A case that cannot be counted (an
+    impl not offered, a width ``fused`` refuses) has its ``error``."""
+    import torch
+
+    from harness.costs.step_costs import step_costs
+    from harness.sweep.cases import offered_impls
+    from routers import build_router, router_options
+    from routers.errors import ConfigError
+    c = spec.costs
+    dtype = getattr(torch, c.dtype)
+    backward = not c.forward_only
+    rows: list[dict] = []
+    for d in c.widths:
+        for L in c.depths:
+            for scope in c.scopes:
+                base = None
+                for router in c.routers:
+                    for impl in [i for i in c.impls if i in offered_impls(router)] or offered_impls(router)[:1]:
+                        row = {"router": router, "impl": impl, "d_model": d, "n_layers": L, "tokens": c.tokens,
+                               "dtype": c.dtype, "scope": scope, "mode": "fwd_bwd" if backward else "fwd"}
+                        try:
+                            s = step_costs(router, d, L, c.tokens, dtype, impl=impl, region=scope == "layer",
+                                           backward=backward)
+                            r = build_router(router, d, L, **({"impl": impl} if "impl" in router_options(router) else {}))
+                        except (ConfigError, ValueError, RuntimeError) as exc:
+                            rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
+                            continue
+                        ideal = _ideal(r, scope, backward)
+                        row.update(launches_kernel=s.launches_kernel, launches_other=s.launches_other,
+                                   launches=s.launches, bytes_per_token_sublayer=s.per_token_sublayer(s.bytes),
+                                   units=s.units(s.bytes), units_kernel=s.units(s.bytes_kernel),
+                                   ideal_io_per_token_sublayer=_forward(r, scope), ideal_units=ideal,
+                                   saved_units=s.units(s.saved_bytes),
+                                   router_flops_per_token=r.analytic_fwd_flops(1, c.tokens) / c.tokens)
+                        if base is None:
+                            base = row
+                        row.update(launches_vs_prenorm=row["launches"] / base["launches"],
+                                   units_vs_prenorm=row["units"] - base["units"],
+                                   saved_vs_prenorm=row["saved_units"] - base["saved_units"],
+                                   floor_units=None if ideal is None else ideal - base["ideal_units"])
+                        f = row["floor_units"]
+                        row["x_floor"] = row["units_vs_prenorm"] / f if f else None
+                        rows.append(row)
+    return [{k: r.get(k) for k in FIELDS} for r in rows]
+
+
+def _padded(method) -> dict:
+    """``layout="padded"`` where a cost model takes the layer scope's pool (the block routers')."""
+    import inspect
+    return {"layout": "padded"} if "layout" in inspect.signature(method).parameters else {}
+
+
+def _forward(r, scope: str) -> float:
+    return r.ideal_io_per_token(**(_padded(r.ideal_io_per_token) if scope == "layer" else {}))
+
+
+def _ideal(r, scope: str, backward: bool) -> float | None:
+    """The ideal model of the counted step: the forward's, or the training step's (None where the
+    router declares none)."""
+    if not backward:
+        return _forward(r, scope)
+    method = r.ideal_io_fwd_bwd_per_token
+    return method(**(_padded(method) if scope == "layer" else {}))
+
+
+def _table(rows: list[dict]) -> str:
+    """The rows as a text table, one per router, impl and scope, at each shape."""
+    import pandas as pd
+    t = pd.DataFrame(rows)
+    ok = t[t["error"].isna()] if "error" in t else t
+    fmt = {"launches": "{:.0f}", "launches_vs_prenorm": "{:.2f}", "units": "{:.2f}", "units_kernel": "{:.2f}",
+           "units_vs_prenorm": "{:+.2f}", "ideal_units": "{:.2f}", "floor_units": "{:.2f}", "x_floor": "{:.2f}",
+           "saved_units": "{:.2f}"}
+    cols = ["d_model", "n_layers", "scope", "router", "impl", "launches_kernel", "launches_other", "launches",
+            "launches_vs_prenorm", "units", "units_kernel", "units_vs_prenorm", "ideal_units", "floor_units",
+            "x_floor", "saved_units"]
+    shown = ok[cols].copy()
+    for k, f in fmt.items():
+        shown[k] = [("–" if v is None or v != v else f.format(v)) for v in shown[k]]
+    head = {"launches_kernel": "kernels", "launches_other": "other ops", "launches_vs_prenorm": "× prenorm",
+            "units": "units", "units_kernel": "of kernels", "units_vs_prenorm": "− prenorm",
+            "ideal_units": "ideal", "floor_units": "floor", "x_floor": "× floor", "saved_units": "saved"}
+    text = shown.rename(columns=head).to_string(index=False)
+    bad = t[t["error"].notna()] if "error" in t else t.iloc[:0]
+    for r in bad.to_dict("records"):
+        text += f"\nnot counted: {r['router']} {r['impl']} d={r['d_model']} L={r['n_layers']} {r['scope']}: {r['error']}"
+    return text
+
+
+@click.command("costs", short_help=SHORT_HELP["costs"])
+@spec_options(CostsSpec)
+def costs_cmd(config, **cli) -> None:
+    """What one training step (or, with --forward-only, one forward) of each router and impl
+    dispatches and moves: launches (Triton kernels and other ops), bytes per token and sublayer by
+    the byte rule, in units of d elements, each against prenorm, the ideal model and the floor
+    (docs/ROUTERS.md), saved activations. Counted on the meta device at the byte rule's reference
+    shape by default (d=1024, 12 layers, 8,192 tokens, bf16): nothing runs or is timed, and fused's
+    kernels are counted by their declared byte models (no Triton needed)."""
+    spec, _ = load_spec(CostsSpec, cli, config)
+    rows = cost_rows(spec)
+    if spec.costs.json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    click.echo(f"one {'forward' if spec.costs.forward_only else 'training step (forward and backward)'} of "
+               f"route() alone, {spec.costs.tokens} tokens, {spec.costs.dtype}: units = bytes per token and sublayer "
+               "/ (d × element size); ideal and floor: docs/ROUTERS.md, \"The ideal fwd+bwd model\"")
+    click.echo(_table(rows))
+
+
+COMMANDS = (costs_cmd,)

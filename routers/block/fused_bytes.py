@@ -1,0 +1,173 @@
+"""The byte model of each ``fused`` kernel (``routers/block/fused_kernels.py``), declared beside
+its launcher (``routers/block/fused_launch.py``): what one launch loads and stores, from the
+arguments it is launched with (MEASUREMENT.md, "The byte rule").
+
+Each model takes the launch's grid and arguments exactly as the launcher passes them and returns a
+:class:`Moved`: ``asked``, the bytes of every element a masked ``tl.load`` or ``tl.store`` touches,
+once per call, as the kernel asks for them (what Triton's interpreter counts:
+``harness.costs.kernel_io``, which ``make test-kernels`` holds each model to, byte for byte); and of
+that, ``param_loads``, the bytes loaded from parameters (the pseudo-queries q, the detail biases,
+the coefficient table, the pad mask), which every program loads again, and ``param_bytes``, their
+distinct bytes. The byte rule counts a parameter once per launch (every program reads the same few
+kilobytes, which a cache holds), so a launch moves :attr:`Moved.rule` = asked − param_loads +
+param_bytes. Per-program partial sums (phase 2's backward) are written here and read by the torch
+op that sums them, which counts as an op of its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .fused_launch import KEYS
+
+
+@dataclass(frozen=True)
+class Moved:
+    """Bytes of one launch: ``read`` and ``write`` as the kernel asks (every masked element of
+    every load and store), ``param_loads`` of them loaded from parameters, ``param_bytes`` the
+    parameters' distinct bytes."""
+
+    read: int
+    write: int
+    param_loads: int = 0
+    param_bytes: int = 0
+
+    @property
+    def asked(self) -> int:
+        return self.read + self.write
+
+    @property
+    def rule(self) -> int:
+        """The byte rule's figure: parameters counted once per launch."""
+        return self.asked - self.param_loads + self.param_bytes
+
+
+def _es(t: Tensor) -> int:
+    return t.element_size()
+
+
+def inv_rms_fwd(grid, v, r, R, d, eps, R_BUCKET, BLOCK_R, BLOCK_D) -> Moved:
+    """Reads v (R, d), writes r (R,)."""
+    return Moved(R * d * _es(v), R * _es(r))
+
+
+def inv_rms_bwd(grid, v, r, g, gv, R, d, R_BUCKET, BLOCK_R, BLOCK_D) -> Moved:
+    """Reads v, r and g; writes gv (R, d)."""
+    return Moved(R * (d * _es(v) + _es(r) + _es(g)), R * d * _es(gv))
+
+
+def phase2_fwd(grid, o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET, K, HAS_BIAS, BLOCK_K,
+               BLOCK_D) -> Moved:
+    """Per row: o, P and the K details (d each), μ and s; q and the K biases (parameters, every
+    row); writes h (d)."""
+    params = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0)
+    read = R * (d * (_es(o) + _es(P)) + sum(d * _es(t) for t in details[:K]) + _es(mx) + _es(s) + params)
+    return Moved(read, R * d * _es(h), R * params, params)
+
+
+def phase2_bwd(grid, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq_part,
+               gb_part, R, d, eps, max_scale, rows_per_prog, R_BUCKET, K, U, HAS_BIAS, HAS_COEF_T, BLOCK_K,
+               BLOCK_D) -> Moved:
+    """q once per program; per live row the U updates (P and the details are rebuilt from them), g,
+    h, μ, s; per row the program loops over, live or not, the K biases and the (U, K) coefficients
+    (parameters); writes per row ∂o, ∂s, ∂P and the K ∂D, and per program its partial ∂q (d) and
+    ∂bias (BLOCK_K) in float32."""
+    progs = grid[0]
+    iters = progs * rows_per_prog  # the loop runs rows_per_prog times in every program
+    per_iter = (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
+    param_loads = progs * d * _es(q) + iters * per_iter
+    param_bytes = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
+    read = R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h)) + _es(mx) + _es(s)) + param_loads
+    write = (R * (d * (_es(g_o) + _es(g_p) + K * _es(g_d)) + _es(g_s))
+             + progs * (d * _es(gq_part) + (BLOCK_K * _es(gb_part) if HAS_BIAS else 0)))
+    return Moved(read, write, param_loads, param_bytes)
+
+
+def _groups(grid) -> int:
+    return grid[1]
+
+
+def _pool(R, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, groups) -> tuple[int, int, int]:
+    """(bytes read, parameter loads, parameter bytes) of a phase-1 pass over the N sources: each
+    program (row, group) loads every source's row and inverse RMS, the bias of its queries and the
+    pad flag of each source."""
+    src = R * groups * sum(d * _es(v) + _es(r) for v, r in zip(values, inv))
+    p_loads = (R * n_q * N * _es(bias) if HAS_BIAS else 0) + (R * groups * N * _es(valid) if HAS_VALID else 0)
+    p_bytes = (n_q * N * _es(bias) if HAS_BIAS else 0) + (N * _es(valid) if HAS_VALID else 0)
+    return src + p_loads, p_loads, p_bytes
+
+
+def phase1_fwd(grid, values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, R_BUCKET, N, HAS_BIAS, HAS_VALID,
+               WRITE_O, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row: each query once (parameters) and the pool once per group of queries; writes μ, s and
+    (``WRITE_O``) the m outputs."""
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
+    q_loads = R * n_q * d * _es(q)
+    write = R * n_q * (_es(mx) + _es(s) + (d * _es(o0) if WRITE_O else 0))
+    return Moved(pool + q_loads, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
+
+
+def phase1_bwd_dot(grid, values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d, n_q, R_BUCKET, N, HAS_BIAS,
+                   HAS_VALID, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row: the queries (parameters), their μ, s and output gradients, and the pool once per
+    group; writes g_dot (m)."""
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
+    q_loads = R * n_q * d * _es(q)
+    read = pool + q_loads + R * n_q * (_es(mx) + _es(s) + d * _es(g_o0))
+    return Moved(read, R * n_q * _es(g_dot), p_loads + q_loads, p_bytes + n_q * d * _es(q))
+
+
+def phase1_bwd(grid, values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v, g_r, g_l, R, d, n_q,
+               row0, RC, R_BUCKET, N, HAS_BIAS, HAS_VALID, HAS_GO, HAS_GS, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row of the launch (``grid[0]`` rows from ``row0``): the queries (parameters), μ, s, ∂s
+    (``HAS_GS``), the output gradients and g_dot (``HAS_GO``), and the pool once per group; writes
+    per group and source ∂V (d) and ∂r, and gℓ (N, m)."""
+    rows, groups = grid[0], _groups(grid)
+    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, groups)
+    q_loads = rows * n_q * d * _es(q)
+    read = (pool + q_loads + rows * n_q * (_es(mx) + _es(s) + (_es(g_s) if HAS_GS else 0)
+                                          + ((d * _es(g_o0) + _es(g_dot)) if HAS_GO else 0)))
+    write = rows * (groups * N * (d * _es(g_v) + _es(g_r)) + N * n_q * _es(g_l))
+    return Moved(read, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
+
+
+#: kernel name -> its byte model
+MODELS = {"inv_rms_fwd": inv_rms_fwd, "inv_rms_bwd": inv_rms_bwd, "phase2_fwd": phase2_fwd,
+          "phase2_bwd": phase2_bwd, "phase1_fwd": phase1_fwd, "phase1_bwd_dot": phase1_bwd_dot,
+          "phase1_bwd": phase1_bwd}
+
+
+def autotune_key(name: str, args: tuple, kwargs: dict) -> tuple:
+    """The values of kernel ``name``'s :data:`KEYS` in a launch with ``args`` and ``kwargs`` (its
+    parameters named as the kernel's, :data:`MODELS`): what the autotuner keys
+    its choice of config on, beside the dtypes."""
+    bound = inspect.signature(MODELS[name]).bind(None, *args, **kwargs).arguments
+    return tuple(bound[k] for k in KEYS[name])
+
+
+class RecordedLaunches:
+    """A stand-in for the kernels module whose launches are recorded, not run (no Triton needed):
+    each launch appends ``(kernel name, grid, Moved)`` to :attr:`launches`, with the bytes of the
+    kernel's declared byte model (:data:`MODELS`). The launchers' outputs are
+    left as allocated (on the meta device, shapes only): ``harness.costs.step_costs`` counts a
+    step's launches and bytes through it."""
+
+    records_launches = True
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[str, tuple, object]] = []
+        #: (kernel name, its :func:`autotune_key` in the launch), one per launch
+        self.keys: list[tuple[str, tuple]] = []
+
+    def record(self, name: str, grid: tuple, args: tuple, kwargs: dict) -> None:
+        self.launches.append((name, tuple(grid), moved(name, grid, args, kwargs)))
+        self.keys.append((name, autotune_key(name, args, kwargs)))
+
+
+def moved(name: str, grid: tuple, args: tuple, kwargs: dict) -> Moved:
+    """The :class:`Moved` of one launch of kernel ``name`` with ``grid``, ``args`` and ``kwargs``
+    as the launcher passed them."""
+    return MODELS[name](grid, *args, **kwargs)
