@@ -7,11 +7,12 @@ device's memory bandwidth. Per paired case of the cost sweep:
     extra bytes = B·T · 2L · d · (model(router) − model(prenorm)) · bytes per element
     floor_ms    = extra bytes / measured bandwidth                   (GB/s = 1e9 bytes/s)
 
-``model`` is, for a ``fwd`` step, :meth:`routers.Router.ideal_io_per_token` (the Attention Residuals
-paper's Table 1 model: each input of a fused step read once, each output written once), and for a
-``fwd_bwd`` or ``train_step`` step :meth:`routers.Router.ideal_io_fwd_bwd_per_token` (that forward
-and its ideal backward; prenorm's is 6: forward 3, backward one gradient accumulation 3), in units
-of d elements per token and sublayer. The floor is a model, never measured bytes (else × floor
+``model`` is, for a ``fwd`` step, :meth:`routers.Router.ideal_io_fwd_per_token` (each input of a
+fused step read once, each output written once, what the step reads counted exactly: the Attention
+Residuals paper's Table 1 model where that is exact), and for a ``fwd_bwd`` or ``train_step`` step
+:meth:`routers.Router.ideal_io_fwd_bwd_per_token` (that forward and its ideal backward; prenorm's
+is 6: forward 3, backward one gradient accumulation 3), in units of d elements per token and
+sublayer. The floor is a model, never measured bytes (else × floor
 would be 1 by construction). Its version is :data:`FLOOR_VERSION`: version 1 charged every step 3×
 its forward (prenorm 9); a run records the version it was made under (manifest ``floor_version``)
 and the report says which one it shows. The bandwidth is the run's own ``mem_bandwidth`` rows
@@ -36,8 +37,8 @@ from workloads.config import DTYPES
 from . import frame
 from .paired import paired_ratio_table
 
-#: The version of the floor's byte model: 2, the ideal fwd+bwd model of docs/ROUTERS.md (1: every
-#: training step 3× the forward, prenorm 9 units).
+#: The version of the floor's byte model: 2, the ideal fwd+bwd model of docs/ROUTERS.md, reads
+#: counted exactly (1: every training step 3× the paper's Table 1 forward, prenorm 9 units).
 FLOOR_VERSION = 2
 #: The model of each mode: the forward alone, or a training step (the optimizer touches only the
 #: router's parameters, amortised to 0 per token); decode is not modelled.
@@ -45,14 +46,16 @@ MODE_MODEL = {"fwd": "forward", "fwd_bwd": "fwd_bwd", "train_step": "fwd_bwd"}
 BYTE_MODEL = (
     f"Byte model (floor version {FLOOR_VERSION}, docs/ROUTERS.md \"The ideal fwd+bwd model\"): extra "
     "bytes = B·T tokens × 2L sublayers × d × (model(router) − model(prenorm)) × bytes per element of the "
-    "run's dtype, in elements of width d per token and sublayer. fwd: the Attention Residuals paper's "
-    "Table 1 model (each input of a fused step read once, each output written once; block routers on "
-    "the two-phase schedule; parameters and the readout count 0; prenorm 3). fwd_bwd and train_step: "
+    "run's dtype, in elements of width d per token and sublayer. fwd: each input of a fused step read "
+    "once, each output written once, what the step reads counted exactly (the Attention Residuals "
+    "paper's Table 1 model, except that it bounds a block router's phase 1 and full_attnres's chunks "
+    "from above; block routers on the two-phase schedule; parameters and the readout count 0; prenorm "
+    "3). fwd_bwd and train_step: "
     "that forward plus an ideal backward that, per fused step, reads the gradient of each tensor "
     "written, re-reads each input its gradient needs, writes each input's gradient unless it passes "
     "through unchanged, and reads and writes once more a gradient that gathers a further contribution "
-    "(prenorm 6: one gradient accumulation; Block AttnRes 19, HAARES 30, WAV v1 41 at 12 layers and 6 "
-    "blocks). A router that declares no such model has no floor. decode is not modelled.")
+    "(prenorm 6: one gradient accumulation; Block AttnRes 16.5, HAARES 24, WAV v1 31.5 at 12 layers and "
+    "6 blocks). A router that declares no such model has no floor. decode is not modelled.")
 FLOOR_METHOD = (
     "Physical floor: a router's extra work is memory-bound, so its least possible cost is its "
     "extra bytes over the device's memory bandwidth, measured in the run as a timed "
@@ -80,14 +83,14 @@ COLUMN_STYLE = {
 @functools.lru_cache(maxsize=None)
 def _io(router: str, d_model: int, n_layers: int, options: str, model: str) -> float:
     r = build_router(router, d_model, n_layers, **json.loads(options or "{}"))
-    value = r.ideal_io_per_token() if model == "forward" else r.ideal_io_fwd_bwd_per_token()
+    value = r.ideal_io_fwd_per_token() if model == "forward" else r.ideal_io_fwd_bwd_per_token()
     return math.nan if value is None else float(value)
 
 
 def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict | None = None,
                        model: str = "forward") -> float:
     """model(router) − model(prenorm): extra elements of width d per token and sublayer, of the
-    forward (``model="forward"``, :meth:`routers.Router.ideal_io_per_token`) or of a training step
+    forward (``model="forward"``, :meth:`routers.Router.ideal_io_fwd_per_token`) or of a training step
     (``"fwd_bwd"``, :meth:`routers.Router.ideal_io_fwd_bwd_per_token`; NaN where the router
     declares none).
 

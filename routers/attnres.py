@@ -70,19 +70,37 @@ class FullAttnRes(BlockRouter):
         Raises:
             ValueError: S is not a positive divisor of 2L.
         """
+        schedule = self._schedule(schedule)
+        return schedule + len(self.slots) / schedule
+
+    def _schedule(self, schedule: int | None) -> int:
         sublayers = len(self.slots)
         if schedule is None:
             schedule = max(s for s in range(1, 17) if sublayers % s == 0)
         if not isinstance(schedule, int) or schedule < 1 or sublayers % schedule:
             raise ValueError(f"full_attnres: schedule={schedule!r} must be a positive divisor of "
                              f"2L = {sublayers}")
-        return schedule + sublayers / schedule
+        return schedule
+
+    def ideal_io_fwd_per_token(self, schedule: int | None = None) -> float:
+        """The forward of the floor's model (docs/ROUTERS.md, "The ideal fwd+bwd model"): the
+        two-phase schedule's reads counted exactly, where the paper's model
+        (:meth:`ideal_io_per_token`) counts every chunk at its most. With C = 2L/S chunks of S
+        sublayers: phase 1 of chunk j reads the embedding and the (j−1)·S completed outputs,
+        (C + S·C(C−1)/2) / 2L per sublayer; phase 2 at the i-th sublayer of a chunk reads phase 1's
+        result and the chunk's i−1 outputs so far, (S+1)/2 on average. At L = 12 (S = 12): 7.08
+        (the paper's model: 14).
+
+        Raises:
+            ValueError: S is not a positive divisor of 2L.
+        """
+        S = self._schedule(schedule)
+        C = len(self.slots) // S
+        return (C + S * C * (C - 1) / 2) / len(self.slots) + (S + 1) / 2
 
     def ideal_io_fwd_bwd_per_token(self, schedule: int | None = None) -> float:
-        """4(S + 2L/S) + 2 (docs/ROUTERS.md, "The ideal fwd+bwd model"): the forward's S + 2L/S
-        (:meth:`ideal_io_per_token`), and a backward that per sublayer reads ∂h and writes ∂o (2),
-        re-reads the chunk's S partial outputs and reads and writes each one's gradient (3S), and
-        per chunk re-reads the 2L/S completed outputs and reads and writes their gradients
-        (3·2L/S)."""
-        fwd = self.ideal_io_per_token(schedule)
+        """4·F + 2, F the forward of :meth:`ideal_io_fwd_per_token` (docs/ROUTERS.md, "The ideal
+        fwd+bwd model"): a backward that per sublayer reads ∂h and writes ∂o (2), and re-reads
+        every source the forward read and reads and writes its gradient (3F). At L = 12: 30.3."""
+        fwd = self.ideal_io_fwd_per_token(schedule)
         return fwd + 2 + 3 * fwd

@@ -269,10 +269,19 @@ class Router(nn.Module, abc.ABC):
             ValueError: ``schedule`` given to a router that does not take one, or invalid.
         """
 
+    def ideal_io_fwd_per_token(self) -> float:
+        """The forward of the **ideal fwd+bwd model** (docs/ROUTERS.md, "The ideal fwd+bwd model"),
+        the floor of a forward step, units of d elements per token and sublayer: every input of a
+        fused step read once and every output written once, what a step reads counted exactly.
+        It is :meth:`ideal_io_per_token` (the paper's Table 1 model) except where that model
+        bounds the reads from above: a block router's phase 1 (the full pool at every block) and
+        ``full_attnres``'s chunks, which count less here."""
+        return self.ideal_io_per_token()
+
     def ideal_io_fwd_bwd_per_token(self) -> float | None:
         """Residual-stream traffic of one training step (forward and backward) per token and per
         sublayer under the **ideal fwd+bwd model** (docs/ROUTERS.md, "The ideal fwd+bwd model"),
-        units of d elements: the forward of :meth:`ideal_io_per_token`, plus a backward that, for
+        units of d elements: the forward of :meth:`ideal_io_fwd_per_token`, plus a backward that, for
         each fused step, reads the gradient of each tensor the step wrote, re-reads each input its
         gradient needs (the sources of a softmax mix, the factor of a product; not the operands
         of a sum), writes the gradient of each input unless it passes through unchanged, and

@@ -69,9 +69,16 @@ def test_costs_prints_rows_for_every_router_impl_and_scope_against_prenorm():
     assert fused["launches_kernel"] > 0 and fused["units_kernel"] > 0
     assert fused["x_floor"] == pytest.approx((fused["units"] - 6.0) / fused["floor_units"])
     assert fused["floor_units"] == fused["ideal_units"] - 6.0
+    # both byte fields in bytes of the counted step, the units fields in d elements of bf16
+    assert fused["ideal_io_per_token_sublayer"] == fused["ideal_units"] * 64 * 2
+    assert fused["bytes_per_token_sublayer"] == pytest.approx(fused["units"] * 64 * 2)
+    assert fused["ideal_fwd_units"] < fused["ideal_units"]
     table = CliRunner().invoke(main, ["costs", "--routers", "haares", "--impls", "fused", "--widths", "64",
                                       "--depths", "4", "--tokens", "16", "--scopes", "model"])
-    assert table.exit_code == 0 and "× floor" in table.output and "haares" in table.output
+    assert table.exit_code == 0 and "x_floor" in table.output and "haares" in table.output
+    fwd = CliRunner().invoke(main, ["costs", "--routers", "haares", "--impls", "fused", "--widths", "64",
+                                    "--depths", "4", "--tokens", "16", "--forward-only", "--json"])
+    assert all(json.loads(line)["saved_units"] is None for line in fwd.output.splitlines())
 
 
 def test_costs_refuses_bad_input_before_counting():
@@ -80,6 +87,15 @@ def test_costs_refuses_bad_input_before_counting():
     wide = CliRunner().invoke(main, ["costs", "--routers", "haares", "--impls", "fused", "--widths", "8192",
                                      "--depths", "2", "--tokens", "4", "--scopes", "model"])
     assert wide.exit_code == 0 and "not counted: haares fused d=8192" in wide.output and "--impls lean" in wide.output
+    assert "--router-options" not in wide.output  # an option of run, not of costs
+    lines = wide.output.splitlines()
+    row = next(line for line in lines if " prenorm " in line).split()
+    assert row[5:8] == ["0", "8", "8"]  # launches stay integers beside a case not counted (not 8.0)
+    # a router that offers none of the impls asked for is said, not counted with another impl
+    none = CliRunner().invoke(main, ["costs", "--routers", "haares,rezero", "--impls", "fused", "--widths", "64",
+                                     "--depths", "2", "--tokens", "4", "--scopes", "model"])
+    assert none.exit_code == 0 and "not counted: rezero – d=64 L=2 model: offers none of --impls fused" in none.output
+    assert not any(line.split()[3:4] == ["rezero"] for line in none.output.splitlines())
 
 
 def _peak_temporaries(fn, *args) -> tuple[int, int]:

@@ -6,6 +6,7 @@ docs/ROUTERS.md, "The ideal fwd+bwd model")."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 import click
 
@@ -14,10 +15,14 @@ from ..spec.costs import CostsSpec
 from .common import load_spec, spec_options
 
 #: The fields of every row (``--json``), in order.
+#: ``bytes_per_token_sublayer`` and ``ideal_io_per_token_sublayer`` are bytes per token and
+#: sublayer of the counted step (the count, and the ideal model of the same step); every
+#: ``*_units`` field is that in units of d elements of the dtype; ``ideal_fwd_units`` is the
+#: forward half of the ideal model whatever the mode; ``saved_units`` is None for a forward.
 FIELDS = ("router", "impl", "d_model", "n_layers", "tokens", "dtype", "scope", "mode", "launches_kernel",
           "launches_other", "launches", "launches_vs_prenorm", "bytes_per_token_sublayer", "units",
-          "units_kernel", "units_vs_prenorm", "ideal_io_per_token_sublayer", "ideal_units", "floor_units",
-          "x_floor", "saved_units", "saved_vs_prenorm", "router_flops_per_token", "error")
+          "units_kernel", "units_vs_prenorm", "ideal_io_per_token_sublayer", "ideal_units", "ideal_fwd_units",
+          "floor_units", "x_floor", "saved_units", "saved_vs_prenorm", "router_flops_per_token", "error")
 
 
 def cost_rows(spec: CostsSpec) -> list[dict]:
@@ -42,7 +47,15 @@ def cost_rows(spec: CostsSpec) -> list[dict]:
             for scope in c.scopes:
                 base = None
                 for router in c.routers:
-                    for impl in [i for i in c.impls if i in offered_impls(router)] or offered_impls(router)[:1]:
+                    offered = offered_impls(router)
+                    wanted = [i for i in c.impls if i in offered] or (offered[:1] if router == "prenorm" else [])
+                    if not wanted:  # said, not swapped for another impl
+                        rows.append({"router": router, "impl": "–", "d_model": d, "n_layers": L, "tokens": c.tokens,
+                                     "dtype": c.dtype, "scope": scope, "mode": "fwd_bwd" if backward else "fwd",
+                                     "error": f"offers none of --impls {','.join(c.impls)} (it offers "
+                                              f"{','.join(offered)})"})
+                        continue
+                    for impl in wanted:
                         row = {"router": router, "impl": impl, "d_model": d, "n_layers": L, "tokens": c.tokens,
                                "dtype": c.dtype, "scope": scope, "mode": "fwd_bwd" if backward else "fwd"}
                         try:
@@ -50,20 +63,24 @@ def cost_rows(spec: CostsSpec) -> list[dict]:
                                            backward=backward)
                             r = build_router(router, d, L, **({"impl": impl} if "impl" in router_options(router) else {}))
                         except (ConfigError, ValueError, RuntimeError) as exc:
-                            rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
+                            why = str(exc).removeprefix(f"--router-options: {router}: ")
+                            rows.append({**row, "error": why if isinstance(exc, ConfigError)
+                                         else f"{type(exc).__name__}: {why}"})
                             continue
                         ideal = _ideal(r, scope, backward)
+                        width = d * dtype.itemsize
                         row.update(launches_kernel=s.launches_kernel, launches_other=s.launches_other,
                                    launches=s.launches, bytes_per_token_sublayer=s.per_token_sublayer(s.bytes),
                                    units=s.units(s.bytes), units_kernel=s.units(s.bytes_kernel),
-                                   ideal_io_per_token_sublayer=_forward(r, scope), ideal_units=ideal,
-                                   saved_units=s.units(s.saved_bytes),
+                                   ideal_io_per_token_sublayer=None if ideal is None else ideal * width,
+                                   ideal_units=ideal, ideal_fwd_units=_forward(r, scope),
+                                   saved_units=s.units(s.saved_bytes) if backward else None,
                                    router_flops_per_token=r.analytic_fwd_flops(1, c.tokens) / c.tokens)
                         if base is None:
                             base = row
                         row.update(launches_vs_prenorm=row["launches"] / base["launches"],
                                    units_vs_prenorm=row["units"] - base["units"],
-                                   saved_vs_prenorm=row["saved_units"] - base["saved_units"],
+                                   saved_vs_prenorm=row["saved_units"] - base["saved_units"] if backward else None,
                                    floor_units=None if ideal is None else ideal - base["ideal_units"])
                         f = row["floor_units"]
                         row["x_floor"] = row["units_vs_prenorm"] / f if f else None
@@ -78,7 +95,8 @@ def _padded(method) -> dict:
 
 
 def _forward(r, scope: str) -> float:
-    return r.ideal_io_per_token(**(_padded(r.ideal_io_per_token) if scope == "layer" else {}))
+    """The forward half of the ideal model (the floor's, docs/ROUTERS.md)."""
+    return r.ideal_io_fwd_per_token(**(_padded(r.ideal_io_fwd_per_token) if scope == "layer" else {}))
 
 
 def _ideal(r, scope: str, backward: bool) -> float | None:
@@ -95,7 +113,7 @@ def _table(rows: list[dict]) -> str:
     import pandas as pd
     t = pd.DataFrame(rows)
     ok = t[t["error"].isna()] if "error" in t else t
-    fmt = {"launches": "{:.0f}", "launches_vs_prenorm": "{:.2f}", "units": "{:.2f}", "units_kernel": "{:.2f}",
+    fmt = {"launches_kernel": "{:.0f}", "launches_other": "{:.0f}", "launches": "{:.0f}", "launches_vs_prenorm": "{:.2f}", "units": "{:.2f}", "units_kernel": "{:.2f}",
            "units_vs_prenorm": "{:+.2f}", "ideal_units": "{:.2f}", "floor_units": "{:.2f}", "x_floor": "{:.2f}",
            "saved_units": "{:.2f}"}
     cols = ["d_model", "n_layers", "scope", "router", "impl", "launches_kernel", "launches_other", "launches",
@@ -104,9 +122,9 @@ def _table(rows: list[dict]) -> str:
     shown = ok[cols].copy()
     for k, f in fmt.items():
         shown[k] = [("–" if v is None or v != v else f.format(v)) for v in shown[k]]
-    head = {"launches_kernel": "kernels", "launches_other": "other ops", "launches_vs_prenorm": "× prenorm",
-            "units": "units", "units_kernel": "of kernels", "units_vs_prenorm": "− prenorm",
-            "ideal_units": "ideal", "floor_units": "floor", "x_floor": "× floor", "saved_units": "saved"}
+    head = {"launches_kernel": "kernels", "launches_other": "other_ops", "launches_vs_prenorm": "launches/prenorm",
+            "units": "units", "units_kernel": "units_kernels", "units_vs_prenorm": "units-prenorm",
+            "ideal_units": "ideal", "floor_units": "floor", "x_floor": "x_floor", "saved_units": "saved"}
     text = shown.rename(columns=head).to_string(index=False)
     bad = t[t["error"].notna()] if "error" in t else t.iloc[:0]
     for r in bad.to_dict("records"):
@@ -129,9 +147,15 @@ def costs_cmd(config, **cli) -> None:
         for r in rows:
             click.echo(json.dumps(r))
         return
-    click.echo(f"one {'forward' if spec.costs.forward_only else 'training step (forward and backward)'} of "
-               f"route() alone, {spec.costs.tokens} tokens, {spec.costs.dtype}: units = bytes per token and sublayer "
-               "/ (d × element size); ideal and floor: docs/ROUTERS.md, \"The ideal fwd+bwd model\"")
+    fwd = spec.costs.forward_only
+    half = "the forward half of " if fwd else ""
+    click.echo(textwrap.fill(f"one {'forward' if fwd else 'training step (forward and backward)'} of route() alone, "
+               f"{spec.costs.tokens} tokens, {spec.costs.dtype} (docs/IMPLS.md, \"What a step dispatches and moves\"). "
+               "kernels, other_ops: launches (our Triton kernels; other ops that launch work). units: bytes per "
+               "token and sublayer / (d x element size), by the byte rule; units_kernels: the kernels' part. "
+               f"ideal: {half}the ideal fwd+bwd model (docs/ROUTERS.md); floor = ideal - prenorm's; "
+               "x_floor = (units - prenorm's) / floor"
+               + ("." if fwd else "; saved: the activations autograd keeps, in units too."), width=110))
     click.echo(_table(rows))
 
 

@@ -13,7 +13,6 @@ import click
 from . import SHORT_HELP
 from ..spec.kernels import KernelsSpec
 from .common import load_spec, spec_options
-from .forecast import dry_run_option
 
 
 def _plan(spec: KernelsSpec, cuda: bool) -> list[str]:
@@ -28,9 +27,23 @@ def _plan(spec: KernelsSpec, cuda: bool) -> list[str]:
     return lines
 
 
+def _cannot_run_here(cuda: bool) -> str | None:
+    """Why the kernels cannot run on this machine as started, or None."""
+    import importlib.util
+    if importlib.util.find_spec("triton") is None:
+        return ("kernels: triton is not installed: pip install -e '.[kernels]' in the checkout "
+                "(make test-kernels does)")
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("kernels: no CUDA device here, so the kernels run under Triton's interpreter, which "
+                "Triton reads when it is imported: run TRITON_INTERPRET=1 routerbench kernels …")
+    return None
+
+
 @click.command("kernels", short_help=SHORT_HELP["kernels"])
 @spec_options(KernelsSpec)
-@dry_run_option
+@click.option("--dry-run", "dry_run", is_flag=True, default=False,
+              help="Print what would run (the routers, the shape, how each kernel is measured) and whether "
+                   "it can run here, and exit 0: no kernel runs.")
 def kernels_cmd(config, dry_run, **cli) -> None:
     """Each fused kernel alone at a shape (default: d=1024, 12 layers, 8,192 rows, bf16 on CUDA;
     d=64, 4 layers, 16 rows, float32 under Triton's interpreter on a CPU), and on CUDA each peer
@@ -40,20 +53,18 @@ def kernels_cmd(config, dry_run, **cli) -> None:
     import torch
     cuda = torch.cuda.is_available()
     spec, _ = load_spec(KernelsSpec, cli, config)
-    for line in _plan(spec, cuda):
-        click.echo(line)
+    why = _cannot_run_here(cuda)
     if dry_run:
+        for line in _plan(spec, cuda):
+            click.echo(line)
+        click.echo(f"here: it would stop at once: {why.removeprefix('kernels: ')}" if why else "here: it can run")
         click.echo("dry run: no kernel run")
         return
-    import importlib.util
-    if importlib.util.find_spec("triton") is None:
+    if why:
         from routers.errors import ConfigError
-        raise ConfigError("kernels: triton is not installed: pip install -e '.[kernels]' in the checkout "
-                          "(make test-kernels does)")
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        from routers.errors import ConfigError
-        raise ConfigError("kernels: no CUDA device here, so the kernels run under Triton's interpreter, which "
-                          "Triton reads when it is imported: run TRITON_INTERPRET=1 routerbench kernels …")
+        raise ConfigError(why)
+    for line in _plan(spec, cuda):
+        click.echo(line)
     _run(spec, torch.device("cuda" if cuda else "cpu"))
 
 
@@ -71,11 +82,11 @@ def _run(spec: KernelsSpec, device) -> None:
     for router in k.routers:
         launches = kt.capture(router, k.d_model, k.n_layers, k.tokens, dtype, device)
         click.echo(f"\n{router} fused: {sum(x.per_step for x in launches)} launches a step, {len(launches)} distinct")
-        head = f"  {'kernel':<15} {'key':<10} {'per step':>8} {'grid':<14} {'MB (rule)':>10}"
+        head = f"  {'kernel':<15} {'key':<18} {'per step':>8} {'grid':<14} {'MB (rule)':>10}"
         click.echo(head + (f" {'µs warm':>12} {'µs flushed':>12} {'GB/s':>7} {'of copy':>8}  config"
                            if device.type == "cuda" else f" {'MB asked':>9} {'MB counted':>11}"))
         for x in launches:
-            row = f"  {x.name:<15} {_key(x):<10} {x.per_step:>8} {str(x.grid):<14} {x.rule_bytes / 1e6:>10.3f}"
+            row = f"  {x.name:<15} {_key(x):<18} {x.per_step:>8} {str(x.grid):<14} {x.rule_bytes / 1e6:>10.3f}"
             if device.type == "cuda":
                 warm, flushed = (kt.time_launch(x, device, k.repeats, flush) for flush in (False, True))
                 gbs = x.rule_bytes / (flushed[0] * 1e-6) / 1e9
@@ -90,11 +101,17 @@ def _run(spec: KernelsSpec, device) -> None:
         _peers(spec, device, dtype)
 
 
+#: How the columns name the autotune key's parameters (``routers.block.fused_launch.KEYS``).
+KEY_NAMES = {"N": "pool", "n_q": "queries", "K": "kinds", "U": "updates"}
+
+
 def _key(x) -> str:
     """The launch's autotune key less the width and the row bucket (the same for every launch of
-    one command): ``N=5 n_q=2``, ``K=1 U=3``."""
+    one command), in words: ``pool=7 queries=2`` (slots of the pool read, pseudo-queries),
+    ``kinds=1 updates=3`` (detail kinds, the block's updates so far)."""
     from routers.block.fused_launch import KEYS
-    return " ".join(f"{k}={v}" for k, v in zip(KEYS[x.name], x.key) if k not in ("d", "R_BUCKET")) or "–"
+    return " ".join(f"{KEY_NAMES.get(k, k)}={v}" for k, v in zip(KEYS[x.name], x.key)
+                    if k not in ("d", "R_BUCKET")) or "–"
 
 
 def _peers(spec: KernelsSpec, device, dtype) -> None:

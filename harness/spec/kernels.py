@@ -41,9 +41,22 @@ class KernelsSpec:
     kernels: KernelRuns = KernelRuns()
 
     def resolve(self, L: Labels) -> "KernelsSpec":
+        """Fill in the device's defaults and check the width.
+
+        Raises:
+            ConfigError: a width the fused kernels are not compiled for (over
+                ``routers.block.fused_launch.MAX_D``), naming ``--d-model``.
+        """
         import torch
+
+        from routers.block import fused_launch
+        from routers.errors import ConfigError
         k = self.kernels
         base = CUDA_SHAPE if torch.cuda.is_available() else CPU_SHAPE
+        d = k.d_model or base["d_model"]
+        if d > fused_launch.MAX_D:
+            raise ConfigError(f"{L('kernels.d_model')}: d = {d} is wider than the {fused_launch.MAX_D} the fused "
+                              "kernels are compiled and checked for; give a width up to it")
         return replace(self, kernels=replace(
             k, routers=k.routers or FUSED_ROUTERS, d_model=k.d_model or base["d_model"],
             n_layers=k.n_layers or base["n_layers"], tokens=k.tokens or base["tokens"],

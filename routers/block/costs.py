@@ -197,13 +197,31 @@ class BlockCosts:
         phase2 = 3 + 2 * n_bases                              # u, o, h; P, D read and written
         return phase1 + phase2
 
+    def ideal_io_fwd_per_token(self, layout: str = "tuple") -> float:
+        """The forward of the floor's model (docs/ROUTERS.md, "The ideal fwd+bwd model"), units of
+        d per token and sublayer: :meth:`ideal_io_per_token` with phase 1 counted exactly, where the
+        paper's model bounds it by the full pool at every block. Block b reads the embedding and
+        the (b−1)(1+K) sources of the completed blocks, so phase 1 moves
+        ``(N + (1+K)N(N−1)/2) / 2L``; the layer scope's padded pool (``layout="padded"``) as
+        there, ``(1 + (N−1)(1 + N(1+K))) / 2L``, never less. At L = 12, N = 6: Block AttnRes
+        5.875, haares 8.5, wav_v1 11.125 (the paper's model: 6.5, 10, 13.5).
+
+        Raises:
+            ValueError: an unknown ``layout``.
+        """
+        if layout == "tuple":
+            n_bases = 1 + len(self.detail_kinds)
+            phase1 = (self.n_blocks + n_bases * self.n_blocks * (self.n_blocks - 1) / 2) / len(self.slots)
+            return phase1 + 3 + 2 * n_bases
+        return self.ideal_io_per_token(layout=layout)
+
     def ideal_io_fwd_bwd_per_token(self, layout: str = "tuple") -> float:
         """Ideal traffic of a training step per token and sublayer, units of d (docs/ROUTERS.md,
         "The ideal fwd+bwd model"): 4·phase1 + 8 + 5(1+K), with phase1 the forward's phase-1 share
-        (:meth:`ideal_io_per_token`, ``layout`` as there). Block AttnRes at L = 12, N = 6: 19;
-        haares 30; wav_v1 41 (prenorm 6).
+        (:meth:`ideal_io_fwd_per_token`, ``layout`` as there). Block AttnRes at L = 12, N = 6:
+        16.5; haares 24; wav_v1 31.5 (prenorm 6).
 
-        - forward: phase1 + 3 + 2(1+K) (:meth:`ideal_io_per_token`);
+        - forward: phase1 + 3 + 2(1+K) (:meth:`ideal_io_fwd_per_token`);
         - phase 2's backward, per sublayer: read ∂h (1) and the gradients of the new running sums
           (1+K); re-read o, P and the details its weights need (1 + (1+K)); write ∂o (1), ∂u (1)
           and the gradients of the old running sums (1+K): 4 + 3(1+K);
@@ -211,7 +229,7 @@ class BlockCosts:
           completed sources (phase1) and read and write each one's gradient, which every later
           block's phase 1 adds to (2·phase1): 1 + 3·phase1.
         """
-        fwd = self.ideal_io_per_token(layout=layout)
+        fwd = self.ideal_io_fwd_per_token(layout=layout)
         n_bases = 1 + len(self.detail_kinds)
         phase1 = fwd - (3 + 2 * n_bases)
         return fwd + (4 + 3 * n_bases) + (1 + 3 * phase1)
