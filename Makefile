@@ -21,9 +21,10 @@ test-compile: venv
 
 ## make test-kernels: the Triton kernels' tests after installing the kernels extra (triton 3.7.1, the
 ## peers): fused against naive, opcheck and planted bugs under Triton's interpreter
-## (tests/test_fused.py), the sm_90 compile check of every autotune config (tests/test_fused_compile.py),
+## (tests/test_fused.py), the paths a GPU times and each kernel's byte model (tests/test_fused_timed.py),
+## the sm_90 compile check of every autotune config (tests/test_fused_compile.py),
 ## and the peers under the interpreter (tests/test_peers.py, tests/test_parity.py)
-KERNEL_TESTS := tests/test_fused.py tests/test_fused_compile.py tests/test_peers.py tests/test_parity.py
+KERNEL_TESTS := tests/test_fused.py tests/test_fused_timed.py tests/test_fused_compile.py tests/test_peers.py tests/test_parity.py
 test-kernels: venv
 	@if [ ! -f $(VENV)/.routerbench-kernels ] || [ pyproject.toml -nt $(VENV)/.routerbench-kernels ]; then \
 	  echo "setup: installing the kernels extra into $(VENV)"; t0=$$(date +%s); \

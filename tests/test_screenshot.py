@@ -17,7 +17,7 @@ BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil
 
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium on PATH (Debian: apt install chromium)")
 def test_a_report_page_renders_in_headless_chromium(tmp_path):
-    from test_noise import _rows_b  # a small paired eager/compiled fixture (tests/ is on sys.path)
+    from test_noise_report import _rows_b  # a small paired eager/compiled fixture (tests/ is on sys.path)
 
     from harness.rundir.writer import RunWriter
     with RunWriter(tmp_path / "run", "r", "s", base={"device": "cpu"}) as w:
