@@ -112,9 +112,10 @@ def single_block_slots(n_layers: int) -> tuple[Slot, ...]:
 class Router(nn.Module, abc.ABC):
     """Base class of every residual router (the module doc's contract).
 
-    Subclasses implement :meth:`init_state`, :meth:`read`, :meth:`write`, :meth:`output` and the
-    three cost models (:meth:`analytic_fwd_flops`, :meth:`live_state_bytes`,
-    :meth:`ideal_io_per_token`), and where a slot's read or write needs more than the state,
+    Subclasses implement :meth:`init_state`, :meth:`read`, :meth:`write`, :meth:`output`, and
+    may declare the cost models (:meth:`analytic_fwd_flops`, :meth:`live_state_bytes`,
+    :meth:`ideal_io_per_token`, …; every built-in does; a default returns None, "not declared",
+    ``routers/api.py``), and where a slot's read or write needs more than the state,
     :meth:`role` and :meth:`params`. ``self.slots`` defaults to one block of all 2L sublayers; a
     block router sets its own layout in ``__init__``. Options are keyword-only arguments of ``__init__`` with
     defaults (``routerbench list`` reads them from the signature).
@@ -205,7 +206,6 @@ class Router(nn.Module, abc.ABC):
         return {}
 
     # --- cost models (MEASUREMENT.md "FLOPs" and "Memory"; docs/FLOPS.md) ----------------------
-    @abc.abstractmethod
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Closed-form forward FLOP of the router's mixing for one forward of B·T tokens.
 
@@ -220,10 +220,11 @@ class Router(nn.Module, abc.ABC):
             seq_len: T.
 
         Returns:
-            FLOP (a float holding an integer).
+            FLOP (a float holding an integer); None where the router declares no model (the
+            default: reports say "not declared", ``routers.api.declares``).
         """
+        return None
 
-    @abc.abstractmethod
     def live_state_bytes(self, batch_size: int, seq_len: int, dtype: "torch.dtype | None" = None,
                          impl: str | None = None) -> int:
         """Peak bytes of router state kept alive between sublayers during one forward.
@@ -242,13 +243,13 @@ class Router(nn.Module, abc.ABC):
             impl: implementation to model (``None``: this instance's ``impl``, else ``"naive"``).
 
         Returns:
-            bytes.
+            bytes; None where the router declares no model (the default: "not declared").
 
         Raises:
             ValueError: ``impl`` is not an implementation of this router.
         """
+        return None
 
-    @abc.abstractmethod
     def ideal_io_per_token(self, schedule: int | None = None) -> float:
         """Residual-stream memory traffic per token and per sublayer under the **ideal I/O model**.
 
@@ -263,11 +264,13 @@ class Router(nn.Module, abc.ABC):
             schedule: S, sublayers per two-phase chunk (``full_attnres`` only; others take None).
 
         Returns:
-            elements of width d moved per token and sublayer.
+            elements of width d moved per token and sublayer; None where the router declares no
+            model (the default: "not declared").
 
         Raises:
             ValueError: ``schedule`` given to a router that does not take one, or invalid.
         """
+        return None
 
     def ideal_io_fwd_per_token(self) -> float:
         """The forward of the **ideal fwd+bwd model** (docs/ROUTERS.md, "The ideal fwd+bwd model"),

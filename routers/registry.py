@@ -13,8 +13,14 @@ from typing import Any, Callable
 from .errors import ConfigError
 
 #: name -> router class, filled by :func:`register` as :func:`load_routers` imports the router
-#: modules (on first use of a router name or of ``routers.ROUTERS``).
+#: modules (on first use of a router name or of ``routers.ROUTERS``), and by a plugin's
+#: :func:`register` as :mod:`routers.plugins` loads it.
 ROUTERS: dict[str, type] = {}
+#: name -> where the router comes from: ``"built-in"``, or its plugin's label
+#: (:attr:`routers.plugins.Plugin.label`: distribution and version, or file).
+ORIGINS: dict[str, str] = {}
+#: The label of the plugin being loaded (:func:`routers.plugins.loading`), None for the built-ins.
+_plugin: list[str] = []
 #: The router every other router is compared with: the standard PreNorm residual (a paired
 #: group's ``A``, the baseline of every ratio and of the training race).
 BASELINE = "prenorm"
@@ -52,21 +58,34 @@ def load_routers() -> dict[str, type]:
     return ROUTERS
 
 
-def register(name: str) -> Callable[[type], type]:
-    """Class decorator that adds a router class to :data:`ROUTERS` under ``name``.
+def register(name: str, cls: type | None = None) -> Callable[[type], type] | type:
+    """Add a router class to :data:`ROUTERS` under ``name``: the one registration of built-ins
+    and plugins alike (``routers.api.register_router``). As a class decorator
+    (``@register("name")``) or a call (``register("name", cls)``).
 
     Raises:
-        ValueError: ``name`` is already registered to another class.
+        ValueError: ``name`` is not an identifier, or is already registered to another class (a
+            plugin's message names the router it clashes with and where that one comes from).
     """
 
     def deco(cls: type) -> type:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"router name {name!r} must be a Python identifier (letters, digits, _)")
         if name in ROUTERS and ROUTERS[name] is not cls:
-            raise ValueError(f"router name {name!r} is registered twice")
+            raise ValueError(f"router name {name!r} is taken by the {ORIGINS.get(name, 'built-in')} router "
+                             f"{ROUTERS[name].__module__}.{ROUTERS[name].__qualname__}; register it under another name")
         cls.name = name
         ROUTERS[name] = cls
+        ORIGINS[name] = _plugin[-1] if _plugin else "built-in"
         return cls
 
-    return deco
+    return deco if cls is None else deco(cls)
+
+
+def origin(name: str) -> str:
+    """Where router ``name`` comes from: ``"built-in"``, a plugin's label, or ``"not loaded"``."""
+    load_routers()
+    return ORIGINS.get(name, "not loaded")
 
 
 def router_class(name: str) -> type:

@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 #: name -> the line ``routerbench --help`` shows for it.
 SHORT_HELP = {name: short for name, (_, _, short) in COMMANDS.items()}
+#: The commands that load routers, and so plugins (``--plugin``, ``ROUTERBENCH_PLUGINS``, the
+#: ``routerbench.routers`` / ``routerbench.impls`` entry points; :mod:`routers.plugins`): a bad
+#: plugin stops these only, before any model is built.
+LOADS_ROUTERS = frozenset(COMMANDS) - {"data", "status"}
 
 
 def _interrupted_while_loading(signum, frame):  # Ctrl-C while torch loads: no traceback
@@ -142,11 +146,21 @@ def _fail(msg: str) -> None:
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.option("--plugin", "plugin", default=None, metavar="MODULE_OR_FILE[,...]",
+              help="Load routers or impls from your own code: module names or .py files, comma-separated "
+                   "(also ROUTERBENCH_PLUGINS, a --config file's plugins key and installed entry points; "
+                   "docs/PLUGINS.md). ROUTERBENCH_PLUGINS=none loads no plugin.")
+@click.pass_context
+def main(ctx: click.Context, plugin: str | None) -> None:
     """Benchmark and profile residual routers in decoder-only Transformers.
 
     Every option takes one value (a list is one comma-separated value: --widths 64,128); an
     option given twice is refused."""
+    if ctx.invoked_subcommand in LOADS_ROUTERS:
+        from routers import plugins
+        plugins.activate(plugin)
+    elif plugin:
+        raise ConfigError(f"--plugin: `routerbench {ctx.invoked_subcommand}` loads no router; drop --plugin")
 
 
 signal.signal(signal.SIGINT, _previous_sigint)  # the commands install their own (harness.cli.common)

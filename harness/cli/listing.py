@@ -8,6 +8,7 @@ from harness.step.backends import BACKENDS
 from harness.step.modes import MODES
 from harness.sweep.cases import offered_impls
 from routers import ROUTERS, router_class, router_options
+from routers.registry import origin
 from workloads.config import PRESETS, TRAINING_PRESETS
 
 from . import SHORT_HELP
@@ -21,7 +22,7 @@ def list_cmd() -> None:
         cls = router_class(name)
         opts = ", ".join(f"{k}={v!r}" for k, v in router_options(name).items() if k != "impl")
         doc = (cls.__doc__ or "").strip().splitlines()[0]
-        click.echo(f"  {name:14s} impls={','.join(offered_impls(name))}  {doc}")
+        click.echo(f"  {name:14s} impls={','.join(offered_impls(name))}  [{origin(name)}]  {doc}")
         if opts:
             click.echo(f"  {'':14s} options: {opts}")
     import torch

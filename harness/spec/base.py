@@ -208,6 +208,15 @@ def read_toml(path: str, command: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"--config {path}: not valid TOML (not UTF-8 text)") from None
+    plugins = data.pop("plugins", None)
+    if plugins is not None:
+        if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
+            raise ConfigError(f"--config {path}: plugins must be a list of module names or .py paths, "
+                              f"got {_describe(plugins)}")
+        from routers import plugins as loader
+        base = Path(path).parent
+        loader.activate(config=[str(base / x) if loader._is_file(x) and not Path(x).expanduser().is_absolute()
+                                else x for x in plugins], entry=False)
     cmd = data.pop("command", command)
     if not isinstance(cmd, str):
         raise ConfigError(f"--config {path}: command must be a string naming the command, got {_describe(cmd)}")
