@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "diagnose": ("diagnose", "diagnose_cmd", "What a trained router learned: depth weights, details, RMS."),
     "status": ("status", "status_cmd", "Cases done and left in a run dir, and how to resume it."),
     "data": ("data", "data_group", "Corpora for training."),
+    "new": ("new", "new_group", "A package for a router of your own (`new router NAME`): install, check, run."),
 }
 #: name -> the line ``routerbench --help`` shows for it.
 SHORT_HELP = {name: short for name, (_, _, short) in COMMANDS.items()}
