@@ -140,6 +140,7 @@ def _check_paired_run(out: Path, router: str) -> None:
     assert re.search(rf"^\| {router} +\|", report, re.M)  # a row of its own in the report's tables
 
 
+@pytest.mark.slow
 def test_run_pairs_the_installed_example_with_prenorm(example_target, tmp_path):
     res = _run(["-m", "harness.cli", "run", "--routers", "prenorm,gated_residual", *TINY_RUN, "--out",
                 str(tmp_path), "--run-id", "r"], example_target)
@@ -156,6 +157,7 @@ sys.exit(rc)
 """
 
 
+@pytest.mark.slow
 def test_installing_the_example_changes_nothing_the_project_collects(example_target):
     """`make test` and `make bench` ask for no plugin: the same node ids and the built-in routers
     only, whether or not the example is installed (and it is: its entry point is seen)."""
@@ -198,6 +200,7 @@ def test_new_router_refuses_a_name_a_loaded_plugin_took(example_target, tmp_path
     assert "taken by the routerbench-gated-residual 0.1.0 router gated_residual.router.GatedResidual" in res.stderr
 
 
+@pytest.mark.slow
 def test_new_router_installs_lists_and_runs_beside_prenorm(tmp_path):
     pkg = tmp_path / "pkg"
     res = _new("my_gate", "--dir", str(pkg))
@@ -255,6 +258,7 @@ def test_slow(routerbench_pair):
 '''
 
 
+@pytest.mark.slow
 def test_pair_plugin_benchmarks_a_router_and_the_gate_judges_it(example_target, tmp_path):
     """A test outside the project uses the fixture under `pytest -p harness.ci.pairplugin
     --benchmark-only`; the JSON holds each pair in the suite's group naming with its paired ratio,
