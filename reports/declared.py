@@ -1,4 +1,4 @@
-"""Cost models a router does not declare (docs/PLUGINS.md, "May give"): where a router leaves out
+"""Cost models a router does not declare (docs/PLUGINS.md, what a router may give): where a router leaves out
 ``analytic_fwd_flops``, ``live_state_bytes`` or an ideal I/O model, its count rows are ``skipped``
 with an ``error`` starting ``not declared`` (:mod:`harness.sweep.counts`), its cells in the tables
 are blank (NaN), and the report says so in words (:func:`sentence`), never a number.

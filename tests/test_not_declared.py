@@ -1,4 +1,4 @@
-"""A router that declares none of the optional cost models (docs/PLUGINS.md, "May give"): the counts,
+"""A router that declares none of the optional cost models (docs/PLUGINS.md, what a router may give): the counts,
 tables, report text, floor, summary, `routerbench costs` and the forecasts say "not declared" for
 it, never a wrong number and never an exception, and prenorm's numbers beside it are unchanged."""
 

@@ -1,6 +1,6 @@
 """A router's forward FLOPs for a plan (:mod:`harness.costs.forecast`): its declared
-``analytic_fwd_flops``, else counted on the ``meta`` device, else "not declared" (docs/PLUGINS.md,
-"May give"), with the sentence a plan shows for the last two."""
+``analytic_fwd_flops``, else counted on the ``meta`` device, else "not declared" (what a router
+may give: docs/PLUGINS.md), with the sentence a plan shows for the last two."""
 
 from __future__ import annotations
 
