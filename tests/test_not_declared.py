@@ -174,3 +174,17 @@ def test_model_flops_without_a_router_model_is_nan():
     from harness.costs.peak import model_flops_per_step
     assert math.isnan(model_flops_per_step("fwd", n_matrix=10, n_layers=2, d_model=16, seq_len=8, batch_size=2,
                                            router_fwd_flops=None))
+
+
+def test_router_cost_figure_says_not_declared(swept, tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from reports import count_figures
+    said = []
+    real = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, x, y, s, *a, **k: (said.append(s), real(ax, x, y, s, *a, **k))[1])
+    path = count_figures.router_cost_models(load_frame([swept]), tmp_path / "figs")
+    assert path is not None and said.count(NOT_DECLARED) == 1  # one bar: the router's ideal I/O model
+    data = pd.read_csv(path.with_suffix(".csv"))
+    assert set(data[data.router == "prenorm"].series) >= {"ideal I/O model"}
+    assert "ideal I/O model" not in set(data[data.router == NAME].series)  # never drawn as a number
