@@ -156,18 +156,19 @@ def test_costs_command(nodecl):
 
 def test_forecast_counts_the_flops_and_says_so(nodecl):
     from harness.costs import forecast as fc
+    from harness.costs.router_flops import flop_note, router_fwd_flops
     from harness.sweep.forecast import forecast_sweep
     from workloads.config import DecoderConfig
     cfg = DecoderConfig(**TINY)
-    flop, source = fc.router_fwd_flops(cfg, NAME, {})
+    flop, source = router_fwd_flops(cfg, NAME, {})
     assert source == "counted" and flop == (2 * 2) * (2 * 8) * 16 * 2  # 2L writes x B·T tokens x d x (a multiply, an add)
-    assert fc.router_fwd_flops(cfg, "prenorm", {}) == (build_router("prenorm", 16, 2).analytic_fwd_flops(2, 8),
+    assert router_fwd_flops(cfg, "prenorm", {}) == (build_router("prenorm", 16, 2).analytic_fwd_flops(2, 8),
                                                          "analytic")
     lo, hi = fc.step_seconds(cfg, NAME, {}, "fwd_bwd")
     assert 0 < lo < hi
     sw = forecast_sweep(expand(["prenorm", NAME], cfg, [16], [2], ["fwd_bwd"]), FAST)
-    assert sw.notes == [fc.flop_note(NAME, "counted")] and NOT_DECLARED in sw.notes[0]
-    assert fc.flop_note(NAME, "not declared").startswith(f"router {NAME}: analytic_fwd_flops {NOT_DECLARED}")
+    assert sw.notes == [flop_note(NAME, "counted")] and NOT_DECLARED in sw.notes[0]
+    assert flop_note(NAME, "not declared").startswith(f"router {NAME}: analytic_fwd_flops {NOT_DECLARED}")
 
 
 def test_model_flops_without_a_router_model_is_nan():

@@ -74,7 +74,7 @@ class Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: what the command writes under ``--out`` at most (records, checkpoints), bytes
     disk_bytes: int = 0
-    #: sentences the plan adds (a router's FLOPs not declared: :func:`harness.costs.forecast.flop_note`)
+    #: sentences the plan adds (a router's FLOPs not declared: :func:`harness.costs.router_flops.flop_note`)
     notes: list[str] = field(default_factory=list)
 
     @property

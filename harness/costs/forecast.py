@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .peak import TRAINING_MODES, model_flops_per_step, peak_flops
-from .router_flops import FLOP_SOURCES, flop_note, router_fwd_flops  # noqa: F401 - re-exported for plans
+from .router_flops import router_fwd_flops
 
 Span = tuple[float, float]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.costs import forecast as fc
+from harness.costs.router_flops import flop_note, router_fwd_flops
 
 from .cases import Case
 from .options import SweepOptions
@@ -60,7 +61,7 @@ class SweepForecast:
     #: what the sweep adds to ``records.jsonl`` at most (:func:`harness.costs.forecast.record_bytes`)
     disk_bytes: int = 0
     #: one sentence per router whose step estimate is not from its declared FLOP model
-    #: (:func:`harness.costs.forecast.flop_note`: "analytic_fwd_flops not declared; …")
+    #: (:func:`harness.costs.router_flops.flop_note`: "analytic_fwd_flops not declared; …")
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -121,7 +122,7 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
             steps[c.key] = (0.0, 0.0)
             continue
         kw = c.router_kwargs()
-        note = fc.flop_note(c.router, fc.router_fwd_flops(c.cfg, c.router, kw)[1])
+        note = flop_note(c.router, router_fwd_flops(c.cfg, c.router, kw)[1])
         if note is not None and note not in notes:
             notes.append(note)
         step = fc.step_seconds(c.cfg, c.router, kw, c.mode, device_type, device_name, c.backend)
