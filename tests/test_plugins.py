@@ -148,6 +148,9 @@ def test_status_and_data_are_not_stopped_by_a_bad_plugin(tmp_path):
     assert "plugin" not in res.stderr and "not a run directory" in res.stderr, res.stderr
     res = cli(["data", "--help"], env=dict(env))
     assert res.returncode == 0 and "Corpora" in res.stdout and res.stderr == ""
+    # a command's own help needs no plugin either
+    res = CliRunner(env=env).invoke(main, ["run", "--help"])
+    assert res.exit_code == 0 and "Usage: " in res.stdout and " run [OPTIONS]" in res.stdout and res.stderr == ""
     # and a --plugin given to a command that loads no router is refused, naming it
     res = cli(["--plugin", str(tmp_path / "x.py"), "status", str(tmp_path)])
     assert res.returncode == 2 and "--plugin: `routerbench status` loads no router; drop --plugin" in res.stderr
