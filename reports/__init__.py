@@ -5,7 +5,7 @@ report``. Results are read with ``load(RESULTS…)`` (:mod:`reports.loading`: th
 ``run_rows``, ``damaged`` and ``export_frame`` beside it). What the report is made of is importable
 on its own: the long frame (:mod:`reports.frame`),
 tables (:mod:`reports.tables`, :mod:`reports.paired`, :mod:`reports.paper_baseline`, :mod:`reports.floor`,
-:mod:`reports.impls`),
+:mod:`reports.impls`; what a router's cost models leave "not declared": :mod:`reports.declared`),
 the training race (:mod:`reports.training`, :mod:`reports.race`), figures
 (:mod:`reports.time_figures`, :mod:`reports.count_figures`, :mod:`reports.training_figures`, on
 :mod:`reports.plotting`), sentences (:mod:`reports.sentences`, :mod:`reports.summary`), and the

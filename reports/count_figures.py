@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from routers import BASELINE  # noqa: E402
+from routers.api import NOT_DECLARED  # noqa: E402
 
 from . import frame, tables  # noqa: E402
 from . import plotting as pl  # noqa: E402
@@ -251,6 +252,10 @@ def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
             bars = ax.bar(np.arange(len(families)) + (j - (len(series) - 1) / 2) * width,
                           v.astype(float), width=width, color=colors[s], label=s)
             ax.bar_label(bars, fmt="%.3g", fontsize=6, padding=1)
+            if s == "ideal I/O model":  # a router without an ideal I/O model: said, not drawn as 0
+                for i in np.flatnonzero(v.isna().to_numpy() & np.isin(families, g["family"].unique())):
+                    ax.text(i + (j - (len(series) - 1) / 2) * width, 0, NOT_DECLARED, rotation=90, fontsize=6,
+                            ha="center", va="bottom", color="0.4")
         ax.set_xticks(range(len(families)), families, rotation=30 if len(families) > 3 else 0,
                       ha="right" if len(families) > 3 else "center")
         ax.set_xlabel("router")

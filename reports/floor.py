@@ -32,6 +32,7 @@ import pandas as pd
 from harness.costs.bandwidth import METRIC, NOMINAL_METRIC
 from harness.rundir.records import COLUMNS as RECORD_COLUMNS
 from routers import BASELINE, build_router
+from routers.registry import origin
 from workloads.config import DTYPES
 
 from . import frame
@@ -82,6 +83,8 @@ COLUMN_STYLE = {
 
 @functools.lru_cache(maxsize=None)
 def _io(router: str, d_model: int, n_layers: int, options: str, model: str) -> float:
+    if origin(router) == "not loaded":  # a plugin's router not loaded here: its floor is not declared
+        return math.nan
     r = build_router(router, d_model, n_layers, **json.loads(options or "{}"))
     value = r.ideal_io_fwd_per_token() if model == "forward" else r.ideal_io_fwd_bwd_per_token()
     return math.nan if value is None else float(value)
@@ -91,15 +94,15 @@ def extra_io_per_token(router: str, d_model: int, n_layers: int, options: dict |
                        model: str = "forward") -> float:
     """model(router) − model(prenorm): extra elements of width d per token and sublayer, of the
     forward (``model="forward"``, :meth:`routers.Router.ideal_io_fwd_per_token`) or of a training step
-    (``"fwd_bwd"``, :meth:`routers.Router.ideal_io_fwd_bwd_per_token`; NaN where the router
-    declares none).
+    (``"fwd_bwd"``, :meth:`routers.Router.ideal_io_fwd_bwd_per_token`); NaN, "not declared", where
+    the router declares no such model or is not registered in this process (a plugin not loaded).
 
     Args:
         router: a registered router name.
         options: its options (``impl`` is ignored: the model is implementation-independent).
 
     Raises:
-        routers.errors.ConfigError: unknown router or invalid option.
+        routers.errors.ConfigError: invalid option.
     """
     opts = {k: v for k, v in (options or {}).items() if k != "impl"}
     key = json.dumps(opts, sort_keys=True)

@@ -14,7 +14,7 @@ import pandas as pd
 from harness.rundir.records import aborted_summary
 from routers import BASELINE
 
-from . import (cautions, conventions, count_figures, floor, frame, impls, paired, paper_baseline, race, sentences,
+from . import (cautions, conventions, count_figures, declared, floor, frame, impls, paired, paper_baseline, race, sentences,
                summary, tables, time_figures, training, training_figures)
 from .environment import environment_table
 from . import plotting as pl
@@ -165,6 +165,9 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
     cost.blocks += table_blocks(tables.mfu_table(df, manifests), "No timed cost cases.",
                                  drop=("variant",),
                                  split=("run_id", "workload", "mode", "backend", "compile_mode", "compile_scope"))
+    if (said := declared.sentence(df[df["metric"] == "router_flops_analytic"],
+                                  "its model FLOP and MFU cells are blank")) is not None:
+        cost.blocks.append(("text", said))
     bt = tables.backend_table(df)
     bt = bt[bt["backend"] != "eager"]
     backends = Section("Backends: compiled and graph-replayed vs eager", [(
@@ -214,6 +217,8 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                 "eager adds; state_mib is the peak live router state.")])
     models.blocks += table_blocks(tables.router_cost_table(df), "No router cost rows.",
                                    drop=("variant",))
+    if (said := declared.sentence(df)) is not None:
+        models.blocks.append(("text", said))
     models.blocks.append(_figure_block(figs.get("router_cost_models"), "router_cost_models",
                                        "Residual-stream traffic of one forward per token and sublayer (d elements): the "
                                        "ideal I/O model beside what each impl moves"))
@@ -234,6 +239,8 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                      [("text", floor.FLOOR_METHOD)])
     floors.blocks += table_blocks(floor_t, floor.NO_TABLE, drop=("variant",),
                                    split=("run_id", "mode", "backend", "compile_mode", "compile_scope"))
+    if (said := declared.floor_sentence(floor_t)) is not None:
+        floors.blocks.append(("text", said))
     impl_t = impls.impl_table(df)
     impl_sec = Section("Implementations: step time relative to the fastest, with parity errors",
                        [("text", impls.METHOD)])

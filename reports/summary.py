@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.step.backends import DEFAULT_COMPILE_SCOPE
 
-from . import busy, floor, frame, paired, paper_baseline, tables
+from . import busy, declared, floor, frame, paired, paper_baseline, tables
 from .sentences import cost_sentence
 
 #: Widest interval, relative to its ratio ((hi − lo) / ratio), that is still quoted as a number.
@@ -249,6 +249,7 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
         mfu = [c for c in ("best_mfu_pct", "best_mfu_backend") if c in out]
     out = out.reindex(columns=[*COLUMNS, *extra, *paper, *said, *mfu]).reset_index(drop=True)
     out.attrs["labels"] = words
+    out.attrs["floor_not_declared"] = declared.floor_sentence(fl)
     return out
 
 
@@ -259,4 +260,7 @@ def cost_sentences(df: pd.DataFrame, manifests: dict[str, dict] | None = None
     t = cost_summary(df, manifests)
     several = t["run_id"].nunique() > 1
     labels = t.attrs.get("labels") or [("eager", "eager"), ("compile", "compiled")]
-    return [cost_sentence(r, TOLERANCE, run=several, labels=labels) for r in t.to_dict("records")], t
+    said = [cost_sentence(r, TOLERANCE, run=several, labels=labels) for r in t.to_dict("records")]
+    if t.attrs.get("floor_not_declared"):  # a router without an ideal I/O model: no floor, said so
+        said.append(t.attrs["floor_not_declared"])
+    return said, t

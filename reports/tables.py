@@ -17,6 +17,7 @@ import pandas as pd
 
 from routers import BASELINE
 
+from . import declared
 from .frame import (BASE_KEYS, CASE_KEYS, MIB, SHAPE_COLS, STATIC_KEYS, TO_MS, TRAIN_KEYS, TRAIN_MODE,
                     case_label, cost_rows, ok_rows, sort_cases)
 
@@ -158,12 +159,15 @@ def router_cost_table(df: pd.DataFrame) -> pd.DataFrame:
         ``io_ideal_d``, ``io_measured_d`` and ``io_kernel_d`` (bytes per token and sublayer in
         units of d elements: the ideal I/O model of the AttnRes paper's Table 1, what the eager
         ops of this impl read and write, and for ``fused`` what its Triton kernels load and
-        store, else NaN), ``state_mib`` (peak live router state).
+        store, else NaN), ``state_mib`` (peak live router state). A model the router does not
+        declare is NaN (:func:`reports.declared.sentence` says so in words).
     """
     keys = list(STATIC_KEYS)
     cols = [*keys, "flop_per_token", "io_ideal_d", "io_measured_d", "io_kernel_d", "state_mib"]
     cost = cost_rows(df)
-    t = ok_rows(cost, "router_io_ideal")[keys].drop_duplicates()
+    # every router with a count of its forward, its declared models or not (blank where not declared)
+    anchors = ("router_io_ideal", "router_io_measured")
+    t = cost[cost["metric"].isin(anchors) & ((cost["status"] == "ok") | declared.mask(cost))][keys].drop_duplicates()
     if t.empty:
         return pd.DataFrame(columns=cols)
     for metric, name in (("router_flops_analytic", "flop"), ("router_io_ideal", "ideal"),
@@ -257,7 +261,8 @@ def training_by_router(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose status is neither ``ok`` nor ``not_converged`` (skipped, error, oom, diverged).
+    """Rows whose status is neither ``ok`` nor ``not_converged`` (skipped, error, oom, diverged);
+    a cost model a router does not declare is no failure (:mod:`reports.declared`).
 
     Returns:
         ``run_id``, ``case_key``, ``case`` (:func:`case_label`), ``router``, ``options``,
@@ -268,7 +273,7 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
     cols = ["run_id", "case_key", "router", "options", "impl", "backend", "compile_mode", "compile_scope", "mode",
             "workload", "d_model", "n_layers", "seq_len", "batch_size", "seed", "metric",
             "status", "error"]
-    bad = df[~df["status"].isin(["ok", "not_converged"])][cols].drop_duplicates()
+    bad = df[~df["status"].isin(["ok", "not_converged"]) & ~declared.mask(df)][cols].drop_duplicates()
     bad.insert(2, "case", [case_label(r) for r in bad.to_dict("records")])
     return bad.reset_index(drop=True)
 

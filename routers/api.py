@@ -51,6 +51,10 @@ MAY_GIVE = ("analytic_fwd_flops", "live_state_bytes", "ideal_io_per_token", "ide
             "ideal_io_fwd_bwd_per_token")
 
 
+#: What a table, report, figure or count says of a cost model a router does not declare.
+NOT_DECLARED = "not declared"
+
+
 def declares(router: Router | type, model: str) -> bool:
     """Whether ``router`` (an instance or class) declares cost model ``model`` (one of
     :data:`MAY_GIVE`): its class defines it, not only :class:`Router`'s "not declared" default."""
@@ -60,6 +64,15 @@ def declares(router: Router | type, model: str) -> bool:
     return getattr(cls, model, None) is not getattr(Router, model, None)
 
 
-__all__ = ["API_VERSION", "ConfigError", "FAMILIES", "Impl", "MAY_GIVE", "MUST_GIVE", "Router", "Slot",
-           "block_layout", "declares", "default_n_blocks", "register_impl", "register_router", "route",
+def not_declared(model: str, router: str | None = None) -> str:
+    """The words every report uses for cost model ``model`` (one of :data:`MAY_GIVE`) that
+    ``router`` (a name) does not declare: ``"not declared: router X declares no
+    analytic_fwd_flops (docs/PLUGINS.md)"``; a ``status="skipped"`` count row's ``error`` starts
+    with :data:`NOT_DECLARED`."""
+    who = f"router {router} declares" if router else "the router declares"
+    return f"{NOT_DECLARED}: {who} no {model} (docs/PLUGINS.md)"
+
+
+__all__ = ["API_VERSION", "ConfigError", "FAMILIES", "Impl", "MAY_GIVE", "MUST_GIVE", "NOT_DECLARED", "Router",
+           "Slot", "block_layout", "declares", "default_n_blocks", "not_declared", "register_impl", "register_router", "route",
            "single_block_slots"]

@@ -223,21 +223,11 @@ def load(spec: str, *, entry_point: Any = None) -> Plugin:
             else:  # an entry point naming an attribute: the module it is in declares the version
                 module = sys.modules[plugin.module]
                 plugin.file = getattr(module, "__file__", None)
-    except PluginError:
-        raise
-    except ValueError as exc:  # a name clash from register / register_impl
-        raise PluginError(f"plugin {spec}: {exc} {DISABLE}") from None
-    except Exception as exc:  # noqa: BLE001 - any failure to import is the plugin's
-        where = ""
-        tb = exc.__traceback__
-        while tb is not None:
-            where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
-            tb = tb.tb_next
-        if isinstance(exc, ModuleNotFoundError) and exc.name == spec.split(".")[0]:
-            raise PluginError(f"plugin {spec}: no module named {spec!r} is installed; pip install the package that "
-                              f"provides it, or give a .py file's path {DISABLE}") from None
-        raise PluginError(f"plugin {spec}: failed to import: {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())}{where}; fix the plugin {DISABLE}") from None
+    except BaseException:  # what it registered before it failed is undone
+        plugin.routers = sorted(set(registry.ROUTERS) - routers_before)
+        plugin.impls = sorted(set(impls.IMPLS) - impls_before)
+        _forget(plugin)
+        _refuse(spec, plugin, sys.exc_info()[1])
     if not plugin.dist and plugin.file and not plugin.sha256:
         plugin.dist, plugin.version = _dist_of(plugin.file, plugin.module.split(".")[0])
     plugin.routers = sorted(set(registry.ROUTERS) - routers_before)
@@ -256,6 +246,57 @@ def load(spec: str, *, entry_point: Any = None) -> Plugin:
         raise
     LOADED[spec] = plugin
     return plugin
+
+
+def _refuse(spec: str, plugin: Plugin, exc: BaseException) -> None:
+    """Raise the one line of a plugin that failed to import (``exc``); an interrupt or exit is
+    re-raised as it is."""
+    if isinstance(exc, PluginError) or not isinstance(exc, Exception):
+        raise exc
+    if isinstance(exc, ValueError) and _raised_in(exc, ("registry.py", "impls.py")):
+        # register_router / register_impl refused it (a name clash, a bad declaration): its own words
+        raise PluginError(f"plugin {spec}: {exc} {DISABLE}") from None
+    if isinstance(exc, ModuleNotFoundError) and exc.name == spec.split(".")[0]:
+        raise PluginError(f"plugin {spec}: no module named {spec!r} is installed; pip install the package that "
+                          f"provides it, or give a .py file's path {DISABLE}") from None
+    where = _where(exc, plugin.file or _origin(plugin.module))
+    raise PluginError(f"plugin {spec}: failed to import: {type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())}{where}; fix the plugin {DISABLE}") from None
+
+
+def _raised_in(exc: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether ``exc`` was raised in one of this package's modules ``names``."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+    here = os.path.dirname(os.path.abspath(__file__))
+    return last is not None and os.path.dirname(os.path.abspath(last)) == here and os.path.basename(last) in names
+
+
+def _origin(module: str) -> str | None:
+    """The source file of an importable module, without importing it (None if not found)."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return getattr(found, "origin", None)
+
+
+def _where(exc: BaseException, file: str | None) -> str:
+    """`` at FILE:LINE`` of the plugin's line that failed: a syntax error's own location, else the
+    deepest frame in the plugin's file (``file``), else the deepest frame outside importlib."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not name.startswith("<frozen "):
+            frames.append((name, tb.tb_lineno))
+        tb = tb.tb_next
+    own = [f for f in frames if file and os.path.abspath(f[0]) == os.path.abspath(file)]
+    name, line = (own or frames or [(None, None)])[-1]
+    return f" at {name}:{line}" if name else ""
 
 
 def _forget(plugin: Plugin) -> None:

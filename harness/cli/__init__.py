@@ -107,6 +107,7 @@ class _Group(click.Group):
             close = difflib.get_close_matches(args[0], COMMANDS, n=2)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             ctx.fail(f"No such command {args[0]!r}.{hint}")
+        ctx.meta["routerbench.command_args"] = list(args[1:])  # a command's --help loads no plugin
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):
@@ -157,7 +158,8 @@ def main(ctx: click.Context, plugin: str | None) -> None:
 
     Every option takes one value (a list is one comma-separated value: --widths 64,128); an
     option given twice is refused."""
-    if ctx.invoked_subcommand in LOADS_ROUTERS:
+    asks_help = any(a in ("--help", "-h") for a in ctx.meta.get("routerbench.command_args", ()))
+    if ctx.invoked_subcommand in LOADS_ROUTERS and not asks_help:
         from routers import plugins
         plugins.activate(plugin)
     elif plugin:

@@ -19,10 +19,14 @@ from .common import load_spec, spec_options
 #: sublayer of the counted step (the count, and the ideal model of the same step); every
 #: ``*_units`` field is that in units of d elements of the dtype; ``ideal_fwd_units`` is the
 #: forward half of the ideal model whatever the mode; ``saved_units`` is None for a forward.
+#: ``not_declared`` lists the cost models the router does not declare (``routers.api.MAY_GIVE``
+#: names): their fields (``ideal_*``, ``floor_units``, ``x_floor``, ``router_flops_per_token``) are
+#: None, and the text table says "not declared" in their cells.
 FIELDS = ("router", "impl", "d_model", "n_layers", "tokens", "dtype", "scope", "mode", "launches_kernel",
           "launches_other", "launches", "launches_vs_prenorm", "bytes_per_token_sublayer", "units",
           "units_kernel", "units_vs_prenorm", "ideal_io_per_token_sublayer", "ideal_units", "ideal_fwd_units",
-          "floor_units", "x_floor", "saved_units", "saved_vs_prenorm", "router_flops_per_token", "error")
+          "floor_units", "x_floor", "saved_units", "saved_vs_prenorm", "router_flops_per_token", "not_declared",
+          "error")
 
 
 def cost_rows(spec: CostsSpec) -> list[dict]:
@@ -69,19 +73,26 @@ def cost_rows(spec: CostsSpec) -> list[dict]:
                             continue
                         ideal = _ideal(r, scope, backward)
                         width = d * dtype.itemsize
+                        flops = r.analytic_fwd_flops(1, c.tokens)
+                        fwd_units = _forward(r, scope)
+                        missing = [m for m, v in (("analytic_fwd_flops", flops), ("ideal_io_fwd_per_token", fwd_units),
+                                                  ("ideal_io_fwd_bwd_per_token", ideal if backward else 0))
+                                   if v is None]
                         row.update(launches_kernel=s.launches_kernel, launches_other=s.launches_other,
                                    launches=s.launches, bytes_per_token_sublayer=s.per_token_sublayer(s.bytes),
                                    units=s.units(s.bytes), units_kernel=s.units(s.bytes_kernel),
                                    ideal_io_per_token_sublayer=None if ideal is None else ideal * width,
-                                   ideal_units=ideal, ideal_fwd_units=_forward(r, scope),
+                                   ideal_units=ideal, ideal_fwd_units=fwd_units,
                                    saved_units=s.units(s.saved_bytes) if backward else None,
-                                   router_flops_per_token=r.analytic_fwd_flops(1, c.tokens) / c.tokens)
+                                   router_flops_per_token=None if flops is None else flops / c.tokens,
+                                   not_declared=missing)
                         if base is None:
                             base = row
                         row.update(launches_vs_prenorm=row["launches"] / base["launches"],
                                    units_vs_prenorm=row["units"] - base["units"],
                                    saved_vs_prenorm=row["saved_units"] - base["saved_units"] if backward else None,
-                                   floor_units=None if ideal is None else ideal - base["ideal_units"])
+                                   floor_units=None if ideal is None or base["ideal_units"] is None
+                                   else ideal - base["ideal_units"])
                         f = row["floor_units"]
                         row["x_floor"] = row["units_vs_prenorm"] / f if f else None
                         rows.append(row)
@@ -111,6 +122,8 @@ def _ideal(r, scope: str, backward: bool) -> float | None:
 def _table(rows: list[dict]) -> str:
     """The rows as a text table, one per router, impl and scope, at each shape."""
     import pandas as pd
+
+    from routers.api import NOT_DECLARED
     t = pd.DataFrame(rows)
     ok = t[t["error"].isna()] if "error" in t else t
     fmt = {"launches_kernel": "{:.0f}", "launches_other": "{:.0f}", "launches": "{:.0f}", "launches_vs_prenorm": "{:.2f}", "units": "{:.2f}", "units_kernel": "{:.2f}",
@@ -120,12 +133,19 @@ def _table(rows: list[dict]) -> str:
             "launches_vs_prenorm", "units", "units_kernel", "units_vs_prenorm", "ideal_units", "floor_units",
             "x_floor", "saved_units"]
     shown = ok[cols].copy()
+    undeclared = [bool(m) for m in (ok["not_declared"] if "not_declared" in ok else [None] * len(ok))]
     for k, f in fmt.items():
-        shown[k] = [("–" if v is None or v != v else f.format(v)) for v in shown[k]]
+        said = NOT_DECLARED if k in ("ideal_units", "floor_units", "x_floor") else "–"
+        shown[k] = [((said if nd else "–") if v is None or v != v else f.format(v))
+                    for v, nd in zip(shown[k], undeclared)]
     head = {"launches_kernel": "kernels", "launches_other": "other_ops", "launches_vs_prenorm": "launches/prenorm",
             "units": "units", "units_kernel": "units_kernels", "units_vs_prenorm": "units-prenorm",
             "ideal_units": "ideal", "floor_units": "floor", "x_floor": "x_floor", "saved_units": "saved"}
     text = shown.rename(columns=head).to_string(index=False)
+    for r in ok.to_dict("records"):
+        if r.get("not_declared"):
+            text += (f"\n{NOT_DECLARED}: {r['router']} d={r['d_model']} L={r['n_layers']} {r['scope']} declares no "
+                     f"{', '.join(r['not_declared'])} (docs/PLUGINS.md): its ideal, floor and FLOPs are not given")
     bad = t[t["error"].notna()] if "error" in t else t.iloc[:0]
     for r in bad.to_dict("records"):
         text += f"\nnot counted: {r['router']} {r['impl']} d={r['d_model']} L={r['n_layers']} {r['scope']}: {r['error']}"

@@ -74,6 +74,8 @@ class Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: what the command writes under ``--out`` at most (records, checkpoints), bytes
     disk_bytes: int = 0
+    #: sentences the plan adds (a router's FLOPs not declared: :func:`harness.costs.router_flops.flop_note`)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def factor(self) -> float:
@@ -110,7 +112,7 @@ class Plan:
                 "  " + ", ".join(items),
                 f"peak memory (estimate): {fc.fmt_bytes(self.peak_bytes)} ({self.peak_what})"
                 + (f"; disk: at most {fc.fmt_bytes(self.disk_bytes)} written" if self.disk_bytes else ""),
-                *self.skipped_lines()]
+                *self.skipped_lines(), *self.notes]
 
     def skipped_lines(self, most: int = 4) -> list[str]:
         """One line per reason a planned case cannot run here, with its count and up to ``most``
@@ -249,7 +251,7 @@ def plan_run(spec, cases, opts, device, race_tc=None, race_options=None, vocab: 
              ("race", ("race",), None), ("report", ("report",), None)]
     disk = sw.disk_bytes + (tr.disk_bytes if race_tc is not None else 0)
     return Plan("run", head, parts, shown, f"timing: {sw.rounds}", peak, what, details=details,
-                skipped=sw.skipped, disk_bytes=disk)
+                skipped=sw.skipped, disk_bytes=disk, notes=list(sw.notes))
 
 
 def _training_shown(tr) -> list:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .peak import TRAINING_MODES, model_flops_per_step, peak_flops
+from .router_flops import router_fwd_flops
 
 Span = tuple[float, float]
 
@@ -169,13 +170,13 @@ def router_model(cfg, router: str, options: dict):
 
 def step_flops(cfg, router: str, options: dict, mode: str) -> dict[str, float]:
     """FLOP of one step by where it runs: ``matrix`` (sublayers' matrices, attention, LM head) and
-    ``router`` (its analytic mixing), forward and backward as the mode has them."""
-    r = router_model(cfg, router, options)
+    ``router`` (its mixing: :func:`router_fwd_flops`, analytic where declared), forward and
+    backward as the mode has them."""
     d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab_size
     only = cfg.workload == "router_only"
     mlp = 12 * d * d if cfg.mlp == "swiglu" else 8 * d * d
     n_matrix = 0 if only else L * (4 * d * d + mlp)
-    fwd_router = float(r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len))
+    fwd_router, _ = router_fwd_flops(cfg, router, options)
     total = model_flops_per_step(mode if mode != "train" else "train_step", n_matrix=n_matrix,
                                  n_layers=L, d_model=d, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
                                  router_fwd_flops=fwd_router, attention=not only)

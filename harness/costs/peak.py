@@ -62,7 +62,7 @@ def tokens_per_step(mode: str, batch_size: int, seq_len: int) -> int:
 
 
 def model_flops_per_step(mode: str, *, n_matrix: float, n_layers: int, d_model: int,
-                         seq_len: int, batch_size: int, router_fwd_flops: float,
+                         seq_len: int, batch_size: int, router_fwd_flops: float | None,
                          attention: bool = True) -> float:
     """Model FLOP of one step, the numerator of MFU (docs/FLOPS.md, "MFU").
 
@@ -77,17 +77,20 @@ def model_flops_per_step(mode: str, *, n_matrix: float, n_layers: int, d_model: 
         mode: ``fwd``, ``fwd_bwd``, ``train_step`` or ``decode``.
         n_matrix: N, parameter count.
         router_fwd_flops: the router's analytic forward FLOP for B·T tokens
-            (``Router.analytic_fwd_flops(B, T)``); scaled by tokens for ``decode``.
+            (``Router.analytic_fwd_flops(B, T)``); scaled by tokens for ``decode``; None (or NaN)
+            where the router declares none.
         attention: False for the ``router_only`` workload (no attention sublayers).
 
     Returns:
-        FLOP per step.
+        FLOP per step; NaN where the router's FLOPs are not declared (never a count without them).
 
     Raises:
         ValueError: unknown mode.
     """
     if mode not in ("fwd", "decode", *TRAINING_MODES):
         raise ValueError(f"unknown mode {mode!r}: one of fwd, fwd_bwd, train_step, decode")
+    if router_fwd_flops is None:
+        return float("nan")
     tokens = tokens_per_step(mode, batch_size, seq_len)
     per_token = 2 * n_matrix + (4 * n_layers * d_model * seq_len if attention else 0)
     router = router_fwd_flops * tokens / (batch_size * seq_len)

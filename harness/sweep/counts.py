@@ -12,6 +12,7 @@ from harness.costs.flop_counter import count_flops_dispatch, recompute_counter
 from harness.costs.ops import count_kernel_launches, count_ops_step
 from harness.costs.step_costs import step_costs
 from harness.rundir.writer import StagingWriter
+from routers.api import not_declared
 from workloads.decoder import Decoder
 
 from .cases import Case
@@ -134,17 +135,24 @@ def measure_router_costs(case: Case, model: Decoder, w: StagingWriter) -> None:
     Table 1, and what this impl moves by the byte rule, :mod:`harness.costs.step_costs`, counted
     on the meta device at the case's shape and state: every op of ours by its tensors, every
     ``fused`` kernel by its declared byte model, no Triton needed), and for ``fused``
-    ``router_io_kernel`` (the part of that forward its Triton kernels move).
+    ``router_io_kernel`` (the part of that forward its Triton kernels move). A cost model the
+    router does not declare (``routers.api.declares``) is a ``skipped`` row with no value whose
+    ``error`` starts with ``not declared`` (:func:`routers.api.not_declared`).
     """
     cols, cfg, r = case.columns(), case.cfg, model.router
     item = cfg.torch_dtype.itemsize
     impl = case.impl if case.impl in getattr(r, "cost_models", r.impls) else None
-    w.write(**cols, metric="router_flops_analytic", unit="FLOP",
-            value=r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len))
-    w.write(**cols, metric="router_state", unit="bytes",
-            value=r.live_state_bytes(cfg.batch_size, cfg.seq_len, cfg.torch_dtype, impl=impl))
-    w.write(**cols, metric="router_io_ideal", unit="bytes/token/sublayer",
-            value=r.ideal_io_per_token() * cfg.d_model * item)
+    ideal = r.ideal_io_per_token()
+    for metric, unit, model, value in (
+            ("router_flops_analytic", "FLOP", "analytic_fwd_flops", r.analytic_fwd_flops(cfg.batch_size, cfg.seq_len)),
+            ("router_state", "bytes", "live_state_bytes",
+             r.live_state_bytes(cfg.batch_size, cfg.seq_len, cfg.torch_dtype, impl=impl)),
+            ("router_io_ideal", "bytes/token/sublayer", "ideal_io_per_token",
+             None if ideal is None else ideal * cfg.d_model * item)):
+        if value is None:  # a cost model the router does not declare: said, never a number
+            w.write(**cols, metric=metric, unit=unit, status="skipped", error=not_declared(model, case.router))
+        else:
+            w.write(**cols, metric=metric, unit=unit, value=value)
     fwd = step_costs(case.router, cfg.d_model, cfg.n_layers, cfg.batch_size * cfg.seq_len, cfg.torch_dtype,
                      options=case.router_kwargs(), region=case.compile_scope == "layer", backward=False)
     w.write(**cols, metric="router_io_measured", unit="bytes/token/sublayer", value=fwd.per_token_sublayer(fwd.bytes))

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.costs import forecast as fc
+from harness.costs.router_flops import flop_note, router_fwd_flops
 
 from .cases import Case
 from .options import SweepOptions
@@ -59,6 +60,9 @@ class SweepForecast:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     #: what the sweep adds to ``records.jsonl`` at most (:func:`harness.costs.forecast.record_bytes`)
     disk_bytes: int = 0
+    #: one sentence per router whose step estimate is not from its declared FLOP model
+    #: (:func:`harness.costs.router_flops.flop_note`: "analytic_fwd_flops not declared; …")
+    notes: list[str] = field(default_factory=list)
 
     @property
     def groups(self) -> int:
@@ -109,6 +113,7 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
     counted: set = set()
     steps: dict[str, fc.Span] = {}
     skipped: list[tuple[str, str]] = []
+    notes: list[str] = []
     here = torch.device(device_type)
     for c in cases:
         if (why := skip_reason(c, here)) is not None:
@@ -117,6 +122,9 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
             steps[c.key] = (0.0, 0.0)
             continue
         kw = c.router_kwargs()
+        note = flop_note(c.router, router_fwd_flops(c.cfg, c.router, kw)[1])
+        if note is not None and note not in notes:
+            notes.append(note)
         step = fc.step_seconds(c.cfg, c.router, kw, c.mode, device_type, device_name, c.backend)
         steps[c.key] = step
         setup.append(fc.CASE_SETUP_S[kind])
@@ -150,4 +158,4 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
                          parts={"setup": fc.add(*setup), "compile": fc.add((0.0, 0.0), *compile_),
                                 "timing": fc.add((0.0, 0.0), *timing)},
                          peak_bytes=peak, peak_unit=peak_i, peak_cases=len(units[peak_i]) if units else 0,
-                         rounds=describe_rounds(opts))
+                         rounds=describe_rounds(opts), notes=notes)
