@@ -20,6 +20,7 @@ import seaborn as sns  # noqa: E402
 
 from routers import BASELINE  # noqa: E402
 from routers.api import NOT_DECLARED  # noqa: E402
+from routers.impls import REFERENCE  # noqa: E402
 
 from . import frame, tables  # noqa: E402
 from . import plotting as pl  # noqa: E402
@@ -97,7 +98,7 @@ def router_flop_share_vs_width(df: pd.DataFrame, out_dir: Path | str) -> Path | 
     analytic = analytic[analytic["flop_per_token"].notna()].merge(
         counted[[*static, "gflop_fwd"]], on=static)
     # the analytic count is the naive reference: one line per router, over naive's forward FLOPs
-    analytic = (analytic.assign(_ref=analytic["impl"] != "naive")
+    analytic = (analytic.assign(_ref=analytic["impl"] != REFERENCE)
                 .sort_values("_ref", kind="stable")
                 .drop_duplicates([k for k in static if k not in ("impl", "variant")])
                 .drop(columns="_ref"))
@@ -230,7 +231,7 @@ def router_cost_models(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         kept.append(g[(g[others] == top[others]).all(axis=1)])
     rc = pd.concat(kept)
     rc = rc.assign(family=pl.family(rc))
-    ideal = (rc.assign(_ref=rc["impl"] != "naive").sort_values("_ref", kind="stable")
+    ideal = (rc.assign(_ref=rc["impl"] != REFERENCE).sort_values("_ref", kind="stable")
              .drop_duplicates(["family", "workload", *frame.SHAPE_COLS])
              .assign(series="ideal I/O model", d_elements=lambda r: r["io_ideal_d"]))
     measured = rc.assign(series="measured, " + rc["impl"], d_elements=rc["io_measured_d"])

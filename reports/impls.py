@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from routers.impls import FAMILIES  # noqa: E402
+from routers import impls  # noqa: E402
+from routers.impls import FAMILIES, REFERENCE  # noqa: E402
 
 from . import frame  # noqa: E402
 from .plotting import save_png  # noqa: E402
@@ -63,7 +64,7 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
     t = med.merge(par, on=[*CASE, "impl"], how="outer")
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)
-    t["parity"] = [("reference" if i == "naive" else "ok" if s == "ok" else (e or "failed"))
+    t["parity"] = [("reference" if i == REFERENCE else "ok" if s == "ok" else (e or "failed"))
                    for i, s, e in zip(t["impl"], t["status"].fillna("ok"), t["error"].fillna(""))]
     bad = cost[(cost["metric"] == "step_time") & (cost["status"] != "ok")]
     why = bad.groupby([*CASE, "impl"], dropna=False)["error"].last().rename("why").reset_index()
@@ -78,9 +79,13 @@ def impl_table(df: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_cases(t)[COLUMNS].reset_index(drop=True)
 
 
-#: impl → the impl it is read against: ``lean``'s backward against the autograd backward of the
-#: same two-phase forward.
-AGAINST = {"lean": "two_phase"}
+def against() -> dict[str, str]:
+    """impl → the impl it is read against, as each registered impl declares it
+    (``routers.impls.Impl.against``: ``lean``'s backward against the autograd backward of the same
+    two-phase forward)."""
+    return {n: impls.lookup(n).against for n in impls.names() if impls.lookup(n).against is not None}
+
+
 VS_COLUMNS = ["run_id", "backend", "compile_mode", "compile_scope", "mode", "workload", *frame.SHAPE_COLS,
               "router", "options", "impl", "against", "pairs", "vs_ratio", "vs_lo", "vs_hi"]
 COLUMN_STYLE.update({"vs_ratio": ("(impl / prenorm) / (against / prenorm) (×)", "{:.3f}"),
@@ -109,7 +114,7 @@ def _same_rounds(a: dict, b: dict) -> tuple[dict, dict]:
 
 
 def impl_vs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per paired group (run, session, setting, shape) and router: each impl of :data:`AGAINST`
+    """Per paired group (run, session, setting, shape) and router: each impl of :func:`against`
     timed beside the impl it is read against, as a ratio of ratios with its bootstrap interval.
 
     Returns:
@@ -125,7 +130,7 @@ def impl_vs_table(df: pd.DataFrame) -> pd.DataFrame:
                          {})[v["impl"]] = p
     rows = []
     for (group, _timing, router, options), by_impl in found.items():
-        for impl, ref in AGAINST.items():
+        for impl, ref in against().items():
             if impl in by_impl and ref in by_impl:
                 a, b = _same_rounds(by_impl[impl], by_impl[ref])
                 r, lo, hi = bootstrap_ratio_of_ratios(a["prenorm"], a["times"], b["prenorm"], b["times"], joint=True)
@@ -158,7 +163,7 @@ def impl_figure(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         for c in cases:
             if c in sub.index:
                 err = sub.loc[c, "parity_error"]
-                labels.append("reference" if impl == "naive" else f"parity {err:.0e}" if err == err else "")
+                labels.append("reference" if impl == REFERENCE else f"parity {err:.0e}" if err == err else "")
         ax.bar_label(container, labels=labels[:len(container)], padding=3, fontsize=7)
     ax.axvline(1.0, color="0.4", linestyle="--", linewidth=1)
     ax.set_xlabel("step time / fastest impl of the case (×); label: parity error vs naive")

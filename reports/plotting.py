@@ -6,6 +6,7 @@ name the device and the shape, panel grids with one legend, and ratio and measur
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import matplotlib
@@ -18,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from routers import BASELINE  # noqa: E402
+from routers import BASELINE, impls  # noqa: E402
 
 from .frame import options_without_impl  # noqa: E402,F401
 
@@ -121,11 +122,32 @@ SHAPE_TEXT = (("d_model", "d"), ("n_layers", "L"), ("n_heads", "H"), ("seq_len",
 LETTER = dict(SHAPE_TEXT)
 
 
-#: Line style of an implementation: a router's impls share its colour and differ in dashes.
-IMPL_LINES = {"naive": "-", "two_phase": "--", "lean": ":"}
+class ImplStyle(Mapping):
+    """impl name → one attribute of its registered :class:`routers.impls.Impl` (``line``,
+    ``marker``), read at lookup; a name the registry does not know, or an impl that declares none,
+    is missing, so ``.get(impl, default)`` gives the figure's declared default."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def __getitem__(self, name: str) -> str:
+        value = impls.attribute(name, self.attr)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n in impls.names() if impls.attribute(n, self.attr) is not None])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
 
 
-IMPL_MARKERS = {"naive": "o", "two_phase": "s", "lean": "D"}
+#: Line style of an implementation: a router's impls share its colour and differ in dashes
+#: (``Impl.line``: naive solid, two_phase dashed, lean dotted).
+IMPL_LINES = ImplStyle("line")
+#: Marker of an implementation (``Impl.marker``).
+IMPL_MARKERS = ImplStyle("marker")
 
 
 #: What a panel of a cost figure never pools: the run (maybe another machine), the setting, the

@@ -29,7 +29,9 @@ recurrence in float64 with plain Python loops, from e (B, T, d) and the 2L updat
 ``ideal_io_fwd_bwd_per_token``, and ``paper_baseline`` (the router its paper measures it against).
 
 An **impl** plugs into a family of :data:`routers.impls.FAMILIES` (block, stream) by its plug-in
-points (:class:`Impl`, ``register_impl``); it is checked against its family's reference impl.
+points (:class:`Impl`, ``register_impl``); it is checked against its family's reference impl
+(:data:`REFERENCE`), and declares what a caller would otherwise ask by its name (``state``:
+:class:`StateModel`, ``no_layer_scope``, ``against``, ``compile_weight``, ``line``, ``marker``).
 
 :data:`API_VERSION` changes whenever a must-give method changes its signature or meaning.
 """
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 from .base import Router, Slot, block_layout, default_n_blocks, route, single_block_slots
 from .errors import ConfigError
-from .impls import FAMILIES, Impl
+from .impls import FAMILIES, REFERENCE, Impl, StateModel
 from .impls import register as register_impl
 from .registry import register as register_router
 
@@ -73,6 +75,6 @@ def not_declared(model: str, router: str | None = None) -> str:
     return f"{NOT_DECLARED}: {who} no {model} (docs/PLUGINS.md)"
 
 
-__all__ = ["API_VERSION", "ConfigError", "FAMILIES", "Impl", "MAY_GIVE", "MUST_GIVE", "NOT_DECLARED", "Router",
-           "Slot", "block_layout", "declares", "default_n_blocks", "not_declared", "register_impl", "register_router", "route",
+__all__ = ["API_VERSION", "ConfigError", "FAMILIES", "Impl", "MAY_GIVE", "MUST_GIVE", "NOT_DECLARED", "REFERENCE",
+           "Router", "Slot", "StateModel", "block_layout", "declares", "default_n_blocks", "not_declared", "register_impl", "register_router", "route",
            "single_block_slots"]

@@ -44,8 +44,6 @@ class FullAttnRes(BlockRouter):
         impl: ``"naive"``.
     """
 
-    impls = ("naive",)
-
     def __init__(self, d_model: int, n_layers: int, *, key_norm_gain: bool = False,
                  impl: str = "naive") -> None:
         super().__init__(d_model, n_layers, n_blocks=2 * n_layers, block_unit="sublayer",

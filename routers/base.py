@@ -31,7 +31,33 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from . import impls as _impls
 from .errors import ConfigError
+
+
+class Offered:
+    """A class attribute computed from the impl registry: ``of(cls.name)`` (a tuple of impl
+    names), so that a router's impls follow the impls registered for it (``routers/impls.py``)."""
+
+    def __init__(self, of: Callable[[str], tuple[str, ...]]) -> None:
+        self.of = of
+
+    def __get__(self, obj: object, cls: type) -> tuple[str, ...]:
+        return self.of(cls.name)
+
+
+def offered_impls(router: str) -> tuple[str, ...]:
+    """The impls ``router`` offers (:attr:`Router.impls`): its family's registered built-ins that
+    run on a CPU too (which the tests and sweeps iterate; ``fused`` needs CUDA), or
+    ``(REFERENCE,)`` for a router of no family."""
+    got = tuple(i.name for i in _impls.impls_for(router) if i.builtin and "cpu" in i.devices)
+    return got or (_impls.REFERENCE,)
+
+
+def modelled_impls(router: str) -> tuple[str, ...]:
+    """The impls of ``router`` its cost models describe: those that declare a state model
+    (:class:`routers.impls.StateModel`)."""
+    return tuple(i.name for i in _impls.impls_for(router) if i.state is not None)
 
 
 @dataclass(frozen=True)
@@ -126,8 +152,10 @@ class Router(nn.Module, abc.ABC):
     """
 
     name: str = "?"
-    #: implementations this router offers (``impl=`` option); the first is the default.
-    impls: tuple[str, ...] = ("naive",)
+    #: implementations this router offers (``impl=`` option); the first is the default: the
+    #: registered built-in impls of its family that run anywhere (:func:`offered_impls`),
+    #: or the reference alone for a router of no family.
+    impls = Offered(offered_impls)
     #: The router its paper measures it against, beside the PreNorm residual every router is
     #: compared with (``None``: prenorm only). Where both ran in one paired group, the sweep times
     #: it as a partner (:func:`harness.sweep.timed.partners`) and the reports quote the paired

@@ -37,6 +37,11 @@ A peer that reproduces our router only under some of its convention options (mHC
 start, …) declares them in ``options``: its cases run with those options, and so does the
 ``naive`` it is checked against.
 
+Every impl is declared in its own file as ``IMPL = Impl(...)`` (``routers/block/``: two_phase, lean,
+fused; ``routers/peers/``; :data:`REFERENCE` below), found by scanning (:func:`_load`): a new impl
+file needs no other edit. What a caller would ask of an impl by its name is an attribute of its
+:class:`Impl`; a name the registry does not know gets the declared defaults (:func:`attribute`).
+
 An adapter is one module of ``routers/peers/`` that defines ``IMPL`` (an :class:`Impl`): it imports
 its package lazily inside ``probe`` (any exception, not only ``ImportError``, makes it
 unavailable with the reason: Triton without a GPU may raise ``RuntimeError``), declares the
@@ -54,11 +59,21 @@ import importlib.metadata
 import importlib.util
 import os
 import pkgutil
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import ConfigError
+
+#: Every family's reference impl: routerbench's own PyTorch code, which every other impl must equal
+#: (:mod:`harness.sweep.parity`), and what a cost model describes when none is named.
+REFERENCE = "naive"
+#: The impl a race, a profile or a sweep runs by default where a router offers it (the fast one of
+#: routerbench's own); a router that does not offer it runs its first.
+FAST = "two_phase"
+#: The folders of ``routers/`` whose modules declare impls (``IMPL = Impl(...)``).
+IMPL_DIRS = ("block", "peers")
 
 #: The routers of the Attention Residuals family that take an ``impl`` (their class's ``impls``
 #: lists the built-in ones).
@@ -96,6 +111,25 @@ def family_of(router: str) -> Family | None:
 
 
 @dataclass(frozen=True)
+class StateModel:
+    """An impl's router state, for the block routers' live-state cost model
+    (``routers.block.costs.BlockCosts._state_counts``). Attributes: ``phase1``: it carries each
+    block's phase-1 outputs and statistics and an inverse RMS per completed source (the two-phase
+    schedule; only such a state has the layer scope's padded layout); ``keeps_updates``: it keeps
+    the block's updates (lean, fused; block 1's phase-1 outputs are then e itself);
+    ``first_output_apart``: o_0 of a block of m ≥ 2 is its own tensor beside the (m, B, T, d)
+    result (m + 1 tensors: lean)."""
+
+    phase1: bool = False
+    keeps_updates: bool = False
+    first_output_apart: bool = False
+
+
+#: What ``impl NAME …`` says of an impl without a region form (a peer's kernels), by default.
+NO_REGION_FORM = "is a peer kernel, which has no region form"
+
+
+@dataclass(frozen=True)
 class Impl:
     """One implementation of routers of one family (the built-in ``naive`` spans them all).
 
@@ -104,7 +138,8 @@ class Impl:
         routers: routers it implements.
         schedule: the schedule it plugs into, one of its family's (:data:`FAMILIES`).
         mix: block family, naive schedule: the depth mixer (module doc); None for the built-in.
-        phases: block family, two_phase schedule: ``(phase1, merge)``; None for the built-in.
+        phases: block family, two_phase schedule: a peer's ``(phase1, merge)``, or a whole
+            :class:`routers.block.phases.Phases` (the built-ins'); None: plain autograd.
         hooks: the other families' plug-in points it supplies, point → callable (stream family:
             :mod:`routers.stream`); the points it leaves out run ours.
         options: per router, the options it implements that router only with (its conventions,
@@ -122,13 +157,24 @@ class Impl:
         backward: ``"autograd"`` (autograd differentiates the forward's ops) or ``"recompute"``
             (custom autograd Functions keep the sources once and a few statistics, and recompute
             the rest: ``lean``, ``routers/block/lean.py``).
+        state: its router state for the cost models (:class:`StateModel`); None: the router's
+            cost models do not describe it (a peer costs what its schedule's built-in costs).
+        check: called with a block router built with this impl once its plan is made; raises
+            ``ConfigError`` for a shape the impl refuses (``fused``: its kernels' limits), or None.
+        no_layer_scope: why it cannot run under ``--compile-scope layer``, said after ``impl
+            NAME`` (:data:`NO_REGION_FORM` by default); None: it can.
+        parity_tokens: ``(case's B·T, device type) -> tokens`` its parity check runs (``fused``
+            on CUDA), or None (the default). Its parity reference is always :attr:`reference`.
+        against: the impl a report reads its time against (``lean``: ``two_phase``), or None.
+        compile_weight: the forecast's weight of its graph's compile time, relative to naive's.
+        line, marker: its line style and marker in the figures; None: the figure's default.
     """
 
     name: str
     routers: tuple[str, ...]
     schedule: str
     mix: Callable | None = None
-    phases: tuple[Callable, Callable] | None = None
+    phases: tuple | None = None
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
     modes: tuple[str, ...] = ("fwd", "fwd_bwd", "train_step", "decode")
@@ -140,10 +186,23 @@ class Impl:
     backward: str = "autograd"
     hooks: dict[str, Callable] = field(default_factory=dict)
     options: dict[str, dict[str, object]] = field(default_factory=dict)
+    state: StateModel | None = None
+    check: Callable[[object], None] | None = None
+    no_layer_scope: str | None = NO_REGION_FORM
+    parity_tokens: Callable[[int, str], int] | None = None
+    against: str | None = None
+    compile_weight: float = 1.0
+    line: str | None = None
+    marker: str | None = None
+
+    @property
+    def reference(self) -> str | None:
+        """The impl it must equal (:mod:`harness.sweep.parity`): :data:`REFERENCE`; None for itself."""
+        return None if self.name == REFERENCE else REFERENCE
 
     @property
     def family(self) -> Family | None:
-        """The family of its routers (None for ``naive``, every family's reference)."""
+        """The family of its routers (None for :data:`REFERENCE`, every family's reference)."""
         fams = {f.name for f in map(family_of, self.routers) if f is not None}
         return FAMILIES[fams.pop()] if len(fams) == 1 else None
 
@@ -191,14 +250,13 @@ class Impl:
 
     def devices_here(self) -> tuple[str, ...]:
         """:attr:`devices`, plus ``cpu`` for an :attr:`interpretable` kernel under
-        ``TRITON_INTERPRET=1`` (Triton's interpreter runs kernels on CPU tensors: slow, for tests
-        at tiny shapes)."""
+        ``TRITON_INTERPRET=1`` (Triton's interpreter: slow, for tests at tiny shapes)."""
         if self.interpretable and "cpu" not in self.devices and os.environ.get("TRITON_INTERPRET") == "1":
             return self.devices + ("cpu",)
         return self.devices
 
 
-#: name -> implementation, built-ins first, then every adapter of ``routers/peers/``.
+#: name -> implementation, built-ins first (:func:`_load`), then the peers and plugins.
 IMPLS: dict[str, Impl] = {}
 
 
@@ -214,11 +272,11 @@ def register(impl: Impl) -> Impl:
         raise ValueError(f"implementation name {impl.name!r} is registered twice")
     unknown = [r for r in impl.routers if family_of(r) is None]
     fam = impl.family
-    if unknown or (fam is None and not (impl.builtin and impl.name == "naive")):
+    if unknown or (fam is None and not (impl.builtin and impl.reference is None)):
         fams = "; ".join(f"{f.name}: " + ", ".join(f.routers) for f in FAMILIES.values())
         raise ValueError(f"impl {impl.name}: its routers must be of one family ({fams}); "
                          f"got {', '.join(impl.routers)}")
-    schedules = fam.points if fam is not None else {"naive": ()}
+    schedules = fam.points if fam is not None else {REFERENCE: ()}
     if impl.schedule not in schedules:
         raise ValueError(f"impl {impl.name}: schedule must be one of {', '.join(schedules)}, got {impl.schedule!r}")
     given = [p for p in ("mix", "phases", *impl.hooks) if impl.point(p) is not None]
@@ -254,7 +312,7 @@ def get(name: str, router: str | None = None) -> Impl:
     Raises:
         ConfigError: unknown name, or one that does not implement ``router`` (naming ``--impls``).
     """
-    _load_peers()
+    _load()
     impl = IMPLS.get(name)
     if impl is None or (router is not None and router not in impl.routers):
         known = ", ".join(n for n, i in IMPLS.items() if router is None or router in i.routers)
@@ -285,57 +343,58 @@ def case_options(impl: Impl, router: str, given: dict, defaults: dict) -> dict:
 
 def names() -> list[str]:
     """Every registered implementation's name (peers loaded)."""
-    _load_peers()
+    _load()
     return list(IMPLS)
 
 
 def impls_for(router: str) -> list[Impl]:
     """Every registered implementation of ``router`` (built-ins first)."""
-    _load_peers()
+    _load()
     return [i for i in IMPLS.values() if router in i.routers]
 
 
-_builtin_note = "routerbench's own PyTorch code"
-register(Impl("naive", BLOCK_ROUTERS + STREAM_ROUTERS, "naive", conventions=_builtin_note + ": the reference",
-              builtin=True))
-register(Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase",
-              conventions=_builtin_note + ": the AttnRes paper's two-phase schedule", builtin=True))
-register(Impl("lean", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",
-              conventions=_builtin_note + ": the two-phase schedule with a backward that keeps each "
-              "source once and a few float32 statistics per token (routers/block/lean.py)", builtin=True))
+#: How a built-in's ``conventions`` begins.
+BUILTIN_NOTE = "routerbench's own PyTorch code"
+register(Impl(REFERENCE, BLOCK_ROUTERS + STREAM_ROUTERS, "naive", conventions=BUILTIN_NOTE + ": the reference",
+              builtin=True, state=StateModel(), no_layer_scope=None, line="-", marker="o"))
+
+_loaded = False
 
 
-
-def _fused_reason() -> str | None:
-    """None when Triton imports and CUDA is here or Triton's interpreter is on, else why not."""
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed: pip install -e '.[kernels]' in the checkout (make test-kernels does)"
-    import torch
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    return ("impl fused: no CUDA device here (Triton kernels: set TRITON_INTERPRET=1 to run them on CPU "
-            "through Triton's interpreter, slowly, at test sizes)")
-
-
-register(Impl("fused", ("block_attnres", "haares", "wav_v1"), "two_phase", backward="recompute",
-              devices=("cuda",), dtypes=("float32", "bfloat16"), probe=_fused_reason, interpretable=True,
-              conventions=_builtin_note + ": the two-phase schedule in Triton kernels (routers/block/"
-              "fused_kernels.py) as torch.library custom ops: the inverse RMS of a source, phase 1 over the "
-              "pool passed as a tuple of pointers, phase 2's merge; float32 accumulation, no TF32; the "
-              "backward recomputes from the sources, the block's updates and float32 statistics", builtin=True))
-
-_peers_loaded = False
-
-
-def _load_peers() -> None:
-    """Import every adapter of ``routers/peers/`` once (each registers its ``IMPL``); an adapter
-    module that fails to import is a bug of ours and raises."""
-    global _peers_loaded
-    if _peers_loaded:
+def _load() -> None:
+    """Import once every module of :data:`IMPL_DIRS` that declares an ``IMPL`` and register it (a
+    module that fails to import raises); on first use, so that a light import loads no torch."""
+    global _loaded
+    if _loaded:
         return
-    _peers_loaded = True
-    for m in pkgutil.iter_modules([str(Path(__file__).with_name("peers"))]):
-        if not m.name.startswith("_"):  # plug-ins found by name, as the registry finds routers
-            mod = importlib.import_module(f"{__package__}.peers.{m.name}")
-            if hasattr(mod, "IMPL"):
+    _loaded = True
+    for folder in IMPL_DIRS:
+        where = Path(__file__).with_name(folder)
+        for m in pkgutil.iter_modules([str(where)]):  # found by name, as the registry finds routers
+            text = (where / f"{m.name}.py").read_text(encoding="utf-8")  # a module without IMPL is not
+            if not m.name.startswith("_") and re.search(r"^IMPL\b", text, re.M):  # imported (Triton's)
+                mod = importlib.import_module(f"{__package__}.{folder}.{m.name}")
                 register(mod.IMPL)
+    # built-ins first: the reference, then by schedule, autograd first, those that run anywhere first
+    order = {s: i for f in FAMILIES.values() for i, s in enumerate(f.points)}
+    first = sorted((i for i in IMPLS.values() if i.builtin),
+                   key=lambda i: (i.reference is not None, order.get(i.schedule, 0), i.backward != "autograd",
+                                  "cpu" not in i.devices))
+    rest = [i for i in IMPLS.values() if not i.builtin]
+    IMPLS.clear()
+    IMPLS.update((i.name, i) for i in first + rest)
+
+
+def lookup(name: str | None) -> Impl | None:
+    """The registered impl ``name``, or None for a name the registry does not know (a plugin's not
+    loaded, a run's record): callers then use :class:`Impl`'s declared defaults."""
+    _load()
+    return IMPLS.get(name) if name is not None else None
+
+
+def attribute(name: str | None, attr: str, default: object = None) -> object:
+    """``lookup(name).<attr>``, or ``default`` for an unknown name or an attribute that is None."""
+    impl = lookup(name)
+    value = getattr(impl, attr) if impl is not None else None
+    return default if value is None else value
+

@@ -117,6 +117,7 @@ def test_no_unsupported_op(name, workload, mlp, gain, impl):
     assert c.total_fma > 0
 
 
+@pytest.mark.skipif(impls.lookup("lean") is None, reason="lean is not registered (routers/block/lean.py)")
 def test_an_opaque_impl_is_refused_by_fvcore_and_its_twin_is_naive():
     """fvcore records each of lean's Functions as a ``prim::PythonOp`` (0 FLOPs, were it not
     refused); the sweep counts the case on its naive twin, whose count is naive's exactly."""

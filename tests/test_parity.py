@@ -12,7 +12,7 @@ from harness.sweep.options import SweepOptions
 from harness.sweep.parity import router_parity
 from harness.sweep.unit import measure_unit
 from harness.timing.timer import TimingPolicy
-from routers import impls
+from routers import ROUTERS, impls
 from routers.mixer import depth_mix
 from workloads.config import DecoderConfig
 
@@ -45,7 +45,7 @@ def test_a_wrong_implementation_is_an_error_row_and_never_timed():
     assert not [r for r in w.rows if r["metric"] in ("compile_time", "params_matrix")]  # nothing built
 
 
-@pytest.mark.parametrize("impl", ["two_phase", "lean"])
+@pytest.mark.parametrize("impl", [i for i in ROUTERS["haares"].impls if impls.get(i).schedule == "two_phase"])
 def test_two_phase_passes_parity_and_its_error_is_recorded(impl):
     w = MemoryWriter({"device": "cpu"})
     case = Case("haares", TINY, "fwd_bwd", impl=impl)

@@ -8,8 +8,10 @@ from test_reports import compiled_case
 
 from harness.rundir.writer import RunWriter
 from reports import build_report, load_frame
+from routers import impls
 
 
+@pytest.mark.skipif(impls.lookup("lean") is None, reason="lean is not registered (routers/block/lean.py)")
 def test_lean_is_read_against_two_phase_as_a_ratio_of_ratios(tmp_path):
     """prenorm, two_phase and lean in one paired group: lean/prenorm is 1.1 every round and
     two_phase/prenorm 1.0, so the ratio of ratios is 1.1 with a degenerate interval; the

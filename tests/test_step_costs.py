@@ -45,10 +45,10 @@ def test_the_block_routers_move_more_than_prenorm_and_fused_least_of_their_impls
     """At the byte rule's reference width and depth (fewer tokens: per-token figures), each
     block router's fused step moves the fewest bytes of its impls and launches the fewest, and every
     impl moves more than the ideal model of a training step."""
-    from routers import build_router
+    from routers import ROUTERS, build_router
     for router in ("block_attnres", "haares", "wav_v1"):
         got = {impl: step_costs(router, 1024, 12, 256, torch.bfloat16, impl=impl)
-               for impl in ("naive", "two_phase", "lean", "fused")}
+               for impl in ROUTERS[router].cost_models}  # naive, two_phase, lean, fused
         units = {k: c.units(c.bytes) for k, c in got.items()}
         assert min(units, key=units.get) == "fused" and min(got, key=lambda k: got[k].launches) == "fused"
         ideal = build_router(router, 1024, 12).ideal_io_fwd_bwd_per_token()

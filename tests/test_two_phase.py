@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from reference import drive
-from routers import build_router
+from routers import ROUTERS, build_router, impls
 from workloads.config import DecoderConfig
 from workloads.decoder import Decoder
 
 B, T, D = 2, 3, 8
+#: The built-in impls of the two-phase schedule (two_phase, lean), from the registry.
+TWO_PHASE = [i for i in ROUTERS["haares"].impls if impls.get(i).schedule == "two_phase"]
 CASES = [("block_attnres", "always")] + [
     (n, p) for n in ("haares", "wav_v1") for p in ("always", "informative", "never")]
 
@@ -33,7 +35,7 @@ def pair(name, L, impl="two_phase", **opts):
     return naive, fast
 
 
-@pytest.mark.parametrize("impl", ["two_phase", "lean"])
+@pytest.mark.parametrize("impl", TWO_PHASE)
 @pytest.mark.parametrize("name,partial", CASES)
 @pytest.mark.parametrize("L,n_blocks", [(4, 2), (5, 2), (6, 4), (3, None)])
 @pytest.mark.parametrize("extra", [{}, {"key_norm_gain": True, "readout_details": True}])
@@ -66,7 +68,7 @@ def test_two_phase_decoder_trains_like_naive_in_float32():
     cfg = DecoderConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=2, seq_len=8, batch_size=2)
     x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
     losses = {}
-    for impl in ("naive", "two_phase", "lean"):
+    for impl in ("naive", *TWO_PHASE):
         torch.manual_seed(0)
         m = Decoder(cfg, "wav_v1", {"impl": impl, "n_blocks": 2})
         opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -79,6 +81,6 @@ def test_two_phase_decoder_trains_like_naive_in_float32():
             trace.append(loss.item())
         losses[impl] = trace
     assert losses["naive"][-1] < losses["naive"][0]
-    for impl in ("two_phase", "lean"):
+    for impl in TWO_PHASE:
         torch.testing.assert_close(torch.tensor(losses[impl]), torch.tensor(losses["naive"]),
                                    rtol=1e-4, atol=1e-5)

@@ -92,12 +92,12 @@ COMPILE_FORWARD_ONLY = 0.6
 #: CUDA compiles the same graphs with Triton kernels, which take longer to build: ×1.5.
 COMPILE_CUDA_FACTOR = 1.5
 #: Weight of a router's model graph, relative to prenorm's (fitted at 4, 12 and 48 layers),
-#: times its impl's (the two-phase schedule's graph is larger, lean's larger still).
+#: times its impl's (``routers.impls.Impl.compile_weight``: the two-phase schedule's graph is
+#: larger, lean's larger still; 1 for an impl that declares none or the registry does not know).
 #: ``full_attnres`` adds one source per sublayer: 1 + L/16.
 COMPILE_WEIGHT = {"prenorm": 1.0, "rezero": 1.1, "layerscale": 1.1, "block_attnres": 1.2,
                   "haares": 1.35, "wav_v1": 1.55}
 DEFAULT_COMPILE_WEIGHT = 1.5
-COMPILE_IMPL_WEIGHT = {"naive": 1.0, "two_phase": 1.5, "lean": 1.8}
 #: Share of a cold compile that a warm Inductor cache leaves (the low end): measured 0.03-0.1 here
 #: (d=64, 4 layers: 0.5-2.5 s where the cold compile took 16-45 s).
 WARM_COMPILE = 0.06
@@ -220,8 +220,8 @@ def compile_seconds(cfg, router: str, options: dict, scope: str | None, mode: st
         cold = COMPILE_REGION_S * region_count(router_model(cfg, router, options))
     else:
         w = 1 + cfg.n_layers / 16 if router == "full_attnres" else COMPILE_WEIGHT.get(router, DEFAULT_COMPILE_WEIGHT)
-        w *= COMPILE_IMPL_WEIGHT.get(options.get("impl", "naive"), 1.0)
-        from routers.impls import BLOCK_ROUTERS
+        from routers.impls import BLOCK_ROUTERS, attribute
+        w *= attribute(options.get("impl"), "compile_weight", 1.0)
         p = COMPILE_DEPTH_EXPONENT["block" if router in BLOCK_ROUTERS else "fixed"]
         cold = COMPILE_S * w * (2 * cfg.n_layers) ** p
     if mode not in (*TRAINING_MODES, "train"):

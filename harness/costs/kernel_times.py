@@ -24,6 +24,10 @@ import torch
 from harness.timing.timer import median_iqr, time_steps
 from routers import build_router, route
 
+#: The impl whose Triton kernels this module captures and times (``routers/block/fused.py``; its
+#: launches are ``routers/block/fused_launch.py``'s).
+KERNELS_OF = "fused"
+
 #: Bytes written between two samples to evict the L2 cache (H100: 50 MB, H200: 60 MB of L2).
 FLUSH_BYTES = 256 * 2**20
 
@@ -69,7 +73,7 @@ def capture(router: str, d: int, n_layers: int, tokens: int, dtype: torch.dtype,
     """
     from routers.block import fused_bytes, fused_launch
     g = torch.Generator().manual_seed(0)
-    r = build_router(router, d, n_layers, impl="fused", **(options or {}))
+    r = build_router(router, d, n_layers, impl=KERNELS_OF, **(options or {}))
     r = r.to(device=device, dtype=dtype)
     e = torch.randn((1, tokens, d), generator=g).to(device, dtype).requires_grad_()
     updates = [torch.randn((1, tokens, d), generator=g).to(device, dtype) for _ in r.slots]

@@ -11,6 +11,7 @@ from harness.step.modes import MODES
 from harness.sweep.profile import METHODS
 from routers import ROUTERS, check_router_options, router_options
 from routers.errors import ConfigError
+from routers.impls import FAST
 
 from .base import Labels, given, option
 from .parts import (NOT_IN_FILE, Output, Single, base_shape, check_heads, check_output, preset_base,
@@ -78,7 +79,7 @@ class ProfileSpec:
             raise ConfigError(f"{L('profile.impl')} {p.impl} contradicts impl={named!r} in "
                               f"{L('profile.router_options')}; give one of them")
         # the fast implementation by default, as the race and the example of docs/SWEEPS.md ("Profiling") use
-        impl = p.impl or named or ("two_phase" if "two_phase" in offered else offered[0])
+        impl = p.impl or named or (FAST if FAST in offered else offered[0])
         if impl not in offered:
             raise ConfigError(f"{L('profile.impl')} {impl!r}: router {p.router} offers {', '.join(offered)}")
         backend = p.backend or "eager"

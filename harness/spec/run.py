@@ -14,6 +14,7 @@ from harness.timing.paired import ORDERS
 from harness.timing.timer import TimingPolicy
 from routers import ROUTERS, router_class
 from routers.errors import ConfigError
+from routers.impls import FAST, REFERENCE
 
 from .base import Labels, given, option
 from .parts import (NOT_IN_FILE, Grid, Output, RouterSet, absolute, base_shape, check_heads, check_output,
@@ -201,8 +202,8 @@ class RunSpec:
         check_heads(widths, s.n_heads or pb.n_heads, L, "shape.widths")
         base = base_shape(s, dev, d_model=min(widths), n_layers=min(depths))
         # the default, of what the routers offer: a resolved spec must load again as given (resume)
-        impls = sw.impls or (tuple(i for i in (suite.impls or ("naive", "two_phase")) if i in offered_impls(routers))
-                             or ("naive",))
+        impls = sw.impls or (tuple(i for i in (suite.impls or (REFERENCE, FAST)) if i in offered_impls(routers))
+                             or (REFERENCE,))
         check_router_set(self.routers, routers, depths, min(widths), L,
                          impls if given(sw, "impls") else None)
         if train and race.data is not None:
@@ -279,7 +280,7 @@ class RunSpec:
         out = {}
         for r in self.race_routers():
             opts = dict((self.routers.router_options or {}).get(r, {}))
-            if "impl" not in opts and "two_phase" in router_class(r).impls:
-                opts["impl"] = "two_phase"
+            if "impl" not in opts and FAST in router_class(r).impls:
+                opts["impl"] = FAST
             out[r] = opts
         return out

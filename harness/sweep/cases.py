@@ -16,7 +16,7 @@ from harness.step.backends import BACKENDS, COMPILE_SCOPES, DEFAULT_COMPILE_SCOP
 from harness.step.modes import MODES
 from routers import ROUTERS, build_router, router_class, router_options
 from routers.errors import ConfigError
-from routers.impls import impls_for
+from routers.impls import REFERENCE, impls_for
 from routers.impls import names as impl_names
 from workloads.config import DecoderConfig
 
@@ -45,7 +45,7 @@ class Case:
     backend: str = "eager"
     compile_mode: str | None = None
     router_options: tuple[tuple[str, Any], ...] = field(default=())
-    impl: str = "naive"
+    impl: str = REFERENCE
     seed: int = 0
     compile_scope: str | None = None
 
@@ -151,7 +151,7 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
             raise ConfigError(f"--compile-scope: unknown scope {sc!r}; known: {', '.join(COMPILE_SCOPES)}")
     cases = []
     for d, L, backend, mode, r in itertools.product(widths, depths, backends, modes, routers):
-        impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else ("naive", {})
+        impl, opts = split_impl(r, options.get(r, {})) if r in ROUTERS else (REFERENCE, {})
         offered = offered_impls(r) if r in ROUTERS else (impl,)
         named = "impl" in options.get(r, {})  # a router's options naming its impl run only that one
         chosen = [impl] if named else ([i for i in (impls or [impl]) if i in offered] or [offered[0]])

@@ -193,7 +193,7 @@ def router_parity(router: str, options: dict, impl: str, d_model: int, n_layers:
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     opts = {k: v for k, v in options.items() if k != "impl"}
-    ref = build_router(router, d_model, n_layers, **opts, impl="naive")
+    ref = build_router(router, d_model, n_layers, **opts, impl=impls.REFERENCE)
     test = build_router(router, d_model, n_layers, **opts, impl=impl)
     _randomise(ref, d_model, gen)
     test.load_state_dict(ref.state_dict())
@@ -269,16 +269,15 @@ def parity_tokens(case: Case, device: torch.device) -> int:
     be timed with (``routers.block.fused_launch``: phase 2's backward takes several rows per
     program past ``MAX_PROGRAMS`` rows, and the autotuner keys on the row bucket)."""
     cfg = case.cfg
-    if case.impl == "fused" and device.type == "cuda":
-        from routers.block import fused_launch
-        return max(cfg.batch_size * cfg.seq_len, 2 * fused_launch.MAX_PROGRAMS + 1)
-    return min(cfg.seq_len, PARITY_TOKENS)
+    own = impls.attribute(case.impl, "parity_tokens")  # fused on CUDA (routers.impls.Impl.parity_tokens)
+    tokens = own(cfg.batch_size * cfg.seq_len, device.type) if own is not None else None
+    return tokens if tokens is not None else min(cfg.seq_len, PARITY_TOKENS)
 
 
 def needs_parity(case: Case) -> bool:
     """Whether :func:`check_parity` checks ``case``: an impl other than ``naive`` of a router of a
     family (``routers.impls.FAMILIES``)."""
-    return impls.family_of(case.router) is not None and case.impl != "naive"
+    return impls.family_of(case.router) is not None and case.impl != impls.REFERENCE
 
 
 def check_parity(case: Case, device: torch.device, w: StagingWriter) -> str | None:

@@ -91,11 +91,10 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     if impls.family_of(case.router) is None:
         return None
     impl = impls.get(case.impl, case.router)
+    if case.compile_scope == "layer" and impl.no_layer_scope:
+        return f"impl {case.impl} {impl.no_layer_scope}: it runs under --compile-scope model"
     if impl.builtin:  # ours: naive, two_phase and lean run anywhere; fused needs Triton and CUDA (or its
         return impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)  # interpreter), and no float64
-    if case.compile_scope == "layer":
-        return (f"impl {case.impl} is a peer kernel, which has no region form: it runs under "
-                "--compile-scope model")
     why = impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)
     if why is None and device.type == "cpu" and impl.interpretable and case.backend != "eager":
         why = f"impl {impl.name} runs on a CPU only under Triton's interpreter, eager only (not {case.backend})"
@@ -118,7 +117,7 @@ def naive_twin(case: Case, model: Decoder) -> Decoder:
     FLOPs, are naive's."""
     if "impl" not in case.router_kwargs() or not impls.get(case.impl, case.router).opaque:
         return model
-    twin = Decoder(case.cfg, case.router, {**case.router_kwargs(), "impl": "naive"})
+    twin = Decoder(case.cfg, case.router, {**case.router_kwargs(), "impl": impls.REFERENCE})
     twin.load_state_dict(model.state_dict())
     return twin.to(next(model.parameters()).device)
 

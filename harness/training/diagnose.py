@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from harness.rundir.records import MANIFEST_FILE, RECORDS_FILE, load_rows
-from routers import router_options
+from routers import impls, router_options
 from routers.attnres import FullAttnRes
 from routers.block.router import BlockRouter
 from routers.errors import ConfigError
@@ -188,7 +188,7 @@ def load_model(run: TrainedRun, device: torch.device | str = "cpu",
     """
     options = dict(run.options)
     if "impl" in router_options(run.router):
-        options["impl"] = "naive"
+        options["impl"] = impls.REFERENCE
     model = Decoder(run.cfg, run.router, options)
     if state is None:
         run, state = read_checkpoint(run)
@@ -263,7 +263,7 @@ def diagnose_model(model: Decoder, batches: list, device: torch.device | str = "
     r = model.router
     n = len(r.slots)
     mixing = isinstance(r, BlockRouter)
-    if mixing and r.impl != "naive":
+    if mixing and r.impl != impls.REFERENCE:
         raise ValueError(f"{r.name}: impl {r.impl!r} hides its weights; rebuild it with impl='naive'")
     sums: dict[int, list] = {}          # read -> [kinds, Σ over batches of mean α (n,), batches]
     rms_in, rms_up = [0.0] * (n + 1), [0.0] * n

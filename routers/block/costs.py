@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import impls as _impls
 from ..base import Slot
 
 
@@ -80,7 +81,7 @@ class BlockCosts:
 
     def _state_counts(self, impl: str, padded: bool = False) -> list[tuple[int, int]]:
         """Router state after ``init_state`` and after each ``write``, as pairs (distinct (B, T, d)
-        tensors, (B, T) statistics). Aliases count once: at p = 0 the partial sum P *is* the
+        tensors, (B, T) statistics), from ``impl``'s :class:`routers.impls.StateModel`. Aliases count once: at p = 0 the partial sum P *is* the
         update u, and so is every detail with coefficient +1.
 
         naive: e, the completed pool (C_b and K matched details per block; the last block
@@ -99,8 +100,8 @@ class BlockCosts:
         zero tensor and the one zero statistic every pad is a view of, and at p = 0 each detail is
         c·u, a new tensor whatever c (the region graph does not know the sign).
         """
-        K = len(self.detail_kinds)
-        two, lean = impl in ("two_phase", "lean", "fused"), impl in ("lean", "fused")
+        K, model = len(self.detail_kinds), _impls.get(impl, self.name).state
+        two, lean = model.phase1, model.keeps_updates
 
         def outputs(m: int, block: int) -> int:   # phase 1's outputs of a block of m, in (B, T, d)
             if not lean or m == 0:
@@ -108,7 +109,7 @@ class BlockCosts:
             if block == 1:                        # lean, fused: block 1's are e itself
                 return 0
             # lean: o_0 its own tensor, and o_1… views of all m; fused: o_0 and the other m − 1
-            return m + (1 if m >= 2 and impl == "lean" else 0)
+            return m + (1 if m >= 2 and model.first_output_apart else 0)
 
         m1 = self.slots[0].block_len if two else 0
         counts = [(1 + outputs(m1, 1), (1 + 2 * m1) if two else 0)]   # after init_state: e (+ phase 1)
@@ -151,8 +152,9 @@ class BlockCosts:
         See :meth:`_state_counts`.
         """
         impl = self._cost_impl(impl)
-        if layout not in ("tuple", "padded") or (layout == "padded" and impl not in ("two_phase", "lean", "fused")):
-            raise ValueError(f"layout={layout!r}: 'tuple', or 'padded' for impl two_phase, lean or fused "
+        if layout not in ("tuple", "padded") or (layout == "padded" and not _impls.get(impl, self.name).state.phase1):
+            padded = ", ".join(i for i in self.cost_models if _impls.get(i).state.phase1)
+            raise ValueError(f"layout={layout!r}: 'tuple', or 'padded' for impl {padded} "
                              f"(got impl {impl})")
         dtype, tokens = dtype or torch.float32, batch_size * seq_len
         item = torch.empty((), dtype=dtype).element_size()

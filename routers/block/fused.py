@@ -35,16 +35,18 @@ before any capture (``routers/block/fused_launch.py`` holds the configs and laun
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from ..impls import BUILTIN_NOTE, Impl, StateModel
 from ..mixer import EPS
-from .fused_launch import (contiguous_all, kernels, run_inv_rms, run_inv_rms_bwd, run_phase1, run_phase1_bwd,
-                           run_phase2, run_phase2_bwd)
-from .lean import distinct
-from .phases import Phases
+from .fused_launch import (MAX_PROGRAMS, check_router, contiguous_all, kernels, run_inv_rms, run_inv_rms_bwd,
+                           run_phase1, run_phase1_bwd, run_phase2, run_phase2_bwd)
+from .phases import Phases, distinct
 
 
 # --- the custom ops --------------------------------------------------------------------------
@@ -262,3 +264,36 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
 #: ``fused``: the two-phase schedule through the custom ops above (it keeps the block's updates,
 #: as ``lean``, to rebuild P and the details in phase 2's backward).
 FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True)
+
+
+def _reason() -> str | None:
+    """None when Triton imports and CUDA is here or Triton's interpreter is on, else why not."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed: pip install -e '.[kernels]' in the checkout (make test-kernels does)"
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return ("impl fused: no CUDA device here (Triton kernels: set TRITON_INTERPRET=1 to run them on CPU "
+            "through Triton's interpreter, slowly, at test sizes)")
+
+
+def _check(r) -> None:
+    """:func:`routers.block.fused_launch.check_router` on a built router's width, longest block and
+    detail kinds."""
+    check_router(r.d_model, max(slot.block_len for slot in r.slots), r.plan.K)
+
+
+def _parity_tokens(tokens: int, device: str) -> int | None:
+    """On CUDA, the case's own B·T and at least 2 × ``MAX_PROGRAMS`` + 1 rows, so its kernels run
+    the row loop and the tuned configs they will be timed with (phase 2's backward takes several
+    rows per program past ``MAX_PROGRAMS`` rows, and the autotuner keys on the row bucket)."""
+    return max(tokens, 2 * MAX_PROGRAMS + 1) if device == "cuda" else None
+
+
+IMPL = Impl("fused", ("block_attnres", "haares", "wav_v1"), "two_phase", phases=FUSED, backward="recompute",
+            devices=("cuda",), dtypes=("float32", "bfloat16"), probe=_reason, interpretable=True,
+            conventions=BUILTIN_NOTE + ": the two-phase schedule in Triton kernels (routers/block/"
+            "fused_kernels.py) as torch.library custom ops: the inverse RMS of a source, phase 1 over the "
+            "pool passed as a tuple of pointers, phase 2's merge; float32 accumulation, no TF32; the "
+            "backward recomputes from the sources, the block's updates and float32 statistics", builtin=True,
+            no_layer_scope=None, state=StateModel(phase1=True, keeps_updates=True), check=_check,
+            parity_tokens=_parity_tokens)

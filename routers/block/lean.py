@@ -46,7 +46,8 @@ import torch
 from torch import Tensor
 
 from ..mixer import EPS, softmax_dtype
-from .phases import Phases, autocast_off
+from ..impls import BUILTIN_NOTE, Impl, StateModel
+from .phases import Phases, autocast_off, distinct
 from .plan import coefficient
 
 #: What a Function's backward runs its recompute in: a factory of a context manager (a FLOP
@@ -349,17 +350,6 @@ def gains(P: Tensor, details: Sequence[Tensor], max_detail_scale: float) -> Tens
                                         max=max_detail_scale) for D in details])
 
 
-def distinct(tensors: list[Tensor]) -> list[Tensor]:
-    """``tensors`` with every repeat of an object replaced by a view of it: at p = 1, P is u_0 (and
-    so is a +1 detail), and Dynamo cannot trace a Function given one tensor twice. Compared with
-    ``is``, never ``id()``: under the layer scope Dynamo would guard a region on the ids of its
-    inputs, which are new objects at every step."""
-    out: list[Tensor] = []
-    for t in tensors:
-        out.append(t.view_as(t) if any(t is x for x in tensors[:len(out)]) else t)
-    return out
-
-
 def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
           bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor],
           coefs: int | Tensor, kinds: slice, n_kinds: int = 0, scope: Scope = None) -> Tensor:
@@ -378,3 +368,9 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
 
 #: ``lean``: the two-phase schedule through the Functions above.
 LEAN = Phases(inv_rms, phase1, merge, readout, keeps_updates=True)
+
+IMPL = Impl("lean", ("block_attnres", "haares", "wav_v1"), "two_phase", phases=LEAN, backward="recompute",
+            conventions=BUILTIN_NOTE + ": the two-phase schedule with a backward that keeps each source once "
+            "and a few float32 statistics per token (routers/block/lean.py)", builtin=True, no_layer_scope=None,
+            state=StateModel(phase1=True, keeps_updates=True, first_output_apart=True), against="two_phase",
+            compile_weight=1.8, line=":", marker="D")

@@ -173,6 +173,17 @@ def readout(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Seque
     return torch.einsum("nbt,nbtd->btd", alpha, V)
 
 
+def distinct(tensors: list[Tensor]) -> list[Tensor]:
+    """``tensors`` with every repeat of an object replaced by a view of it: at p = 1, P is u_0 (and
+    so is a +1 detail), and Dynamo cannot trace a Function given one tensor twice. Compared with
+    ``is``, never ``id()``: under the layer scope Dynamo would guard a region on the ids of its
+    inputs, which are new objects at every step."""
+    out: list[Tensor] = []
+    for t in tensors:
+        out.append(t.view_as(t) if any(t is x for x in tensors[:len(out)]) else t)
+    return out
+
+
 class Phases(NamedTuple):
     """The math a two-phase router runs (``routers/block/two_phase.py``), one signature for every
     implementation: :func:`inv_rms`, :func:`phase1`, :func:`merge`, :func:`readout`, and whether

@@ -21,18 +21,21 @@ from typing import Callable, ContextManager
 import torch
 from torch import Tensor, nn
 
-from ..base import Router, Slot, block_layout
+from .. import impls as _impls
+from ..base import Offered, Router, Slot, block_layout, modelled_impls
 from ..errors import ConfigError
 from . import naive, two_phase
 from .costs import BlockCosts
-from .fused import FUSED
-from .fused_launch import check_router as fused_check
-from .lean import LEAN
 from .phases import PLAIN, Phases, inv_rms, readout
 from .plan import BlockPlan
 
-#: the built-in implementations of the two-phase math (``routers/impls.py`` registers their names)
-BUILTIN_PHASES: dict[str, Phases] = {"two_phase": PLAIN, "lean": LEAN, "fused": FUSED}
+
+def phases_of(spec: _impls.Impl) -> Phases:
+    """The two-phase math ``spec`` runs: its whole :class:`Phases` (a built-in's), a peer's
+    ``(phase1, merge)`` with our inverse RMS and readout, or plain autograd (None)."""
+    if isinstance(spec.phases, Phases):
+        return spec.phases
+    return Phases(inv_rms, *spec.phases, readout) if spec.phases is not None else PLAIN
 
 
 class BlockRouter(BlockCosts, Router):
@@ -54,11 +57,10 @@ class BlockRouter(BlockCosts, Router):
         ConfigError: invalid ``n_blocks``, ``block_unit`` or ``impl``.
     """
 
-    impls = ("naive", "two_phase", "lean")
-    #: the impls the cost models describe: also ``fused`` (``routers/block/fused.py``), which
-    #: runs only with Triton on CUDA or under its interpreter, so is not in :attr:`impls` (what
-    #: the tests and sweeps iterate everywhere)
-    cost_models = ("naive", "two_phase", "lean", "fused")
+    #: the impls the cost models describe: the registered impls of this router that declare a
+    #: state model (:func:`routers.base.modelled_impls`; also ``fused``, which runs only with Triton on
+    #: CUDA or under its interpreter, so is not in :attr:`impls`)
+    cost_models = Offered(modelled_impls)
     #: detail bases this router adds per block, in pool order ("phase", "split"); none for AttnRes.
     detail_kinds: tuple[str, ...] = ()
     #: ρ, the cap of a detail's RMS-matching gain (the multi-resolution routers set theirs).
@@ -77,7 +79,6 @@ class BlockRouter(BlockCosts, Router):
     def __init__(self, d_model: int, n_layers: int, *, n_blocks: int | None = None,
                  block_unit: str = "layer", key_norm_gain: bool = False, impl: str = "naive") -> None:
         super().__init__(d_model, n_layers)
-        from .. import impls as _impls
         known = [i.name for i in _impls.impls_for(self.name)] or list(self.impls)
         if impl not in known:
             raise ConfigError(f"impl {impl!r} is not an implementation of {self.name}; "
@@ -86,12 +87,12 @@ class BlockRouter(BlockCosts, Router):
         self.impl = impl
         #: the schedule this impl runs (a peer kernel plugs into naive or two_phase)
         self.schedule = spec.schedule
-        #: a peer's kernels run this impl (the model scope only); its depth mixer (naive
-        #: schedule), or None
-        self.peer_kernel, self.peer_mix = not spec.builtin, spec.mix
-        #: the two-phase math: lean's Functions, a peer's phases, or plain autograd
-        self.phases = BUILTIN_PHASES[impl] if spec.builtin and impl in BUILTIN_PHASES else \
-            Phases(inv_rms, *spec.phases, readout) if spec.phases is not None else PLAIN
+        #: why this impl has no region form (``--compile-scope layer``), or None; a peer's depth
+        #: mixer (naive schedule), or None
+        self.no_layer_scope, self.peer_mix = spec.no_layer_scope, spec.mix
+        #: the two-phase math: the impl's own (lean's Functions, fused's ops), a peer's phases, or
+        #: plain autograd
+        self.phases = phases_of(spec)
         self.block_unit = block_unit
         self.slots = block_layout(n_layers, n_blocks, block_unit)
         self.n_blocks = self.slots[-1].block
@@ -106,8 +107,9 @@ class BlockRouter(BlockCosts, Router):
         device; ``Decoder.to(dtype)`` casts neither, and a read takes slices of them); called again
         by a subclass once its options, which change the pools, are set."""
         self.plan = BlockPlan(self)
-        if self.impl == "fused":
-            fused_check(self.d_model, max(slot.block_len for slot in self.slots), self.plan.K)
+        check = _impls.get(self.impl, self.name).check
+        if check is not None:  # the impl's own limits (fused: its kernels')
+            check(self)
         self.register_buffer("plan_codes", self.plan.codes, persistent=False)
         self.register_buffer("coef_table", self.plan.coefficient_table, persistent=False)
 
@@ -175,13 +177,14 @@ class BlockRouter(BlockCosts, Router):
         return (two_phase.TwoPhaseState if self.schedule == "two_phase" else naive.NaiveState)(*state)
 
     def check_region_form(self) -> None:
-        """A peer kernel runs under the model scope only.
+        """An impl without a region form (a peer kernel's: ``Impl.no_layer_scope``) runs under the
+        model scope only.
 
         Raises:
-            NotImplementedError: this impl is a peer's (use ``--compile-scope model``).
+            NotImplementedError: this impl has no region form (use ``--compile-scope model``).
         """
-        if self.peer_kernel:
-            raise NotImplementedError(f"impl {self.impl} of {self.name} has no region form for "
+        if self.no_layer_scope:
+            raise NotImplementedError(f"impl {self.impl} of {self.name} {self.no_layer_scope} for "
                                       "--compile-scope layer; use --compile-scope model")
 
     def options(self) -> dict:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..impls import BUILTIN_NOTE, Impl, StateModel
 from ..mixer import softmax_dtype
+from .phases import PLAIN
 from .plan import code_bias, span
 from .state import TwoPhaseState, accumulate, pad
 
@@ -170,3 +172,8 @@ def output(r, state: TwoPhaseState, p: tuple) -> Tensor:
     if len(values) == 1:
         return values[0]
     return r.phases.readout(q, _pool_bias(r, bias_row, len(values)), values, inv, valid, r.recompute_scope)
+
+
+IMPL = Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase", phases=PLAIN,
+            conventions=BUILTIN_NOTE + ": the AttnRes paper's two-phase schedule", builtin=True, no_layer_scope=None,
+            state=StateModel(phase1=True), compile_weight=1.5, line="--", marker="s")
