@@ -31,7 +31,7 @@ import pandas as pd
 
 from harness.costs.bandwidth import METRIC, NOMINAL_METRIC
 from harness.rundir.records import COLUMNS as RECORD_COLUMNS
-from routers import BASELINE, build_router
+from routers import BASELINE, ROUTERS, build_router
 from workloads.config import DTYPES
 
 from . import frame
@@ -82,6 +82,8 @@ COLUMN_STYLE = {
 
 @functools.lru_cache(maxsize=None)
 def _io(router: str, d_model: int, n_layers: int, options: str, model: str) -> float:
+    if router not in ROUTERS:  # a plugin's router whose plugin is not loaded here: not declared
+        return math.nan
     r = build_router(router, d_model, n_layers, **json.loads(options or "{}"))
     value = r.ideal_io_fwd_per_token() if model == "forward" else r.ideal_io_fwd_bwd_per_token()
     return math.nan if value is None else float(value)
