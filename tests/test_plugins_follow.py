@@ -215,3 +215,24 @@ def test_a_run_dir_without_plugin_records_reads_as_before(tmp_path):
     assert run_plugins.recorded(d) == [] and run_plugins.load_for([d]) == []
     df = load_frame([d])
     assert df.attrs["plugin_notes"] == [] and list(df["router"]) == ["prenorm"]
+
+
+def test_diagnose_loads_the_recorded_plugin_and_skips_its_runs_without_it(tmp_path):
+    plugin = tmp_path / "diagplugin.py"
+    plugin.write_text(PLUGIN)
+    res = _rb("--plugin", plugin, "train", "--routers", f"prenorm,{NAME}", "--d-model", "16", "--n-layers", "2",
+              "--n-heads", "2", "--seq-len", "8", "--batch-size", "4", "--max-steps", "2", "--eval-every", "2",
+              "--seeds", "1", "--target-loss", "0.01", "--quiet", "--no-report", "--out", tmp_path / "out",
+              "--run-id", "t1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    d = next((tmp_path / "out").glob("*/t1"))
+    res = _rb("diagnose", d, "--out", tmp_path / "with")
+    assert res.returncode == 0, res.stderr
+    rms = pd.read_csv(tmp_path / "with" / "hidden_rms.csv")
+    assert set(rms["router"]) == {"prenorm", NAME}
+    plugin.rename(plugin.with_suffix(".away"))
+    res = _rb("diagnose", d, "--out", tmp_path / "without")
+    assert res.returncode == 0, res.stderr
+    assert f"diagnose: Plugins: plugin {plugin.resolve()} not loaded" in res.stderr
+    assert f"{NAME}-seed0: router {NAME} is not loaded here (its plugin is missing), skipped" in res.stderr
+    assert set(pd.read_csv(tmp_path / "without" / "hidden_rms.csv")["router"]) == {"prenorm"}
