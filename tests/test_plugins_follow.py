@@ -236,3 +236,13 @@ def test_diagnose_loads_the_recorded_plugin_and_skips_its_runs_without_it(tmp_pa
     assert f"diagnose: Plugins: plugin {plugin.resolve()} not loaded" in res.stderr
     assert f"{NAME}-seed0: router {NAME} is not loaded here (its plugin is missing), skipped" in res.stderr
     assert set(pd.read_csv(tmp_path / "without" / "hidden_rms.csv")["router"]) == {"prenorm"}
+
+
+def test_a_benchmark_json_keeps_its_plugins_for_the_gate():
+    from reports.benchjson import plugin_records
+    rec = {"spec": "/x/p.py", "module": "routerbench_plugin_p", "file": "/x/p.py", "sha256": "ab", "routers": ["r"]}
+    data = {"benchmarks": [{"extra_info": {"routerbench": 2, "plugins": [rec]}},
+                           {"extra_info": {"routerbench": 2, "plugins": [rec]}},
+                           {"extra_info": {"routerbench": 2}}]}  # a layout without plugins: none
+    assert plugin_records(data) == [rec]
+    assert plugin_records({"benchmarks": []}) == []
