@@ -83,6 +83,19 @@ def _environment(data: dict[str, Any], benches: list[dict[str, Any]]) -> tuple[d
     return env, mi.get("routerbench_argv")
 
 
+def plugin_records(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plugins the benchmarks of a pytest-benchmark JSON (``data``, parsed) recorded in their
+    ``extra_info`` (:func:`harness.ci.benchplugin.run_info`), each once; ``[]`` for none or an
+    older layout."""
+    out: list[dict[str, Any]] = []
+    for b in data.get("benchmarks") or []:
+        ei = b.get("extra_info") if isinstance(b, dict) else None
+        for rec in (ei.get("plugins") or []) if isinstance(ei, dict) else []:
+            if isinstance(rec, dict) and isinstance(rec.get("spec"), str) and rec not in out:
+                out.append(rec)
+    return out
+
+
 def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
     """Write the routerbench benchmarks of the JSON at ``path`` as a run directory ``out_dir``.
 
@@ -146,7 +159,7 @@ def to_run_dir(path: Path | str, out_dir: Path | str) -> Path:
     commit = data.get("commit_info") or {}
     with contextlib.suppress(OSError):
         (out / "pending").rmdir()  # empty: every unit was committed
-    manifest = {"run_id": run_id, "environment": env, "git_sha": commit.get("id"),
+    manifest = {"run_id": run_id, "environment": env, "git_sha": commit.get("id"), "plugins": plugin_records(data),
                 "command_line": " ".join(argv) if argv else "pytest tests/benchmarks --benchmark-only",
                 "converted_by": "routerbench (reports/benchjson.py)",
                 "pytest_benchmark": {"source": str(src.resolve()), "datetime": data.get("datetime"),

@@ -103,10 +103,11 @@ def race_threads(manifests: dict[str, dict]) -> list[str]:
 
 
 def warnings(df: pd.DataFrame) -> list[str]:
-    """What the reader must know before trusting a number: problems met reading the records, and
-    timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in
+    """What the reader must know before trusting a number: problems met reading the records, plugins
+    the runs recorded that could not be loaded here (``df.attrs["plugin_notes"]``), and timed groups whose last timing was noisy (:mod:`harness.timing.noise`; their ratios are flagged in
     the paired table)."""
     out = [f"Records: {p}" for p in df.attrs.get("record_problems", [])]
+    out += [f"Plugins: {n}." for n in df.attrs.get("plugin_notes", [])]
     given = df.attrs.get("noise_thresholds")
     if given and given != noise.THRESHOLDS:
         out.append("Noise thresholds given to this report (not the defaults the run re-measured by): "

@@ -73,8 +73,8 @@ def load_runs(run_dirs: list[Path | str]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     Returns:
         (frame of :func:`reports.frame.load_frame` with ``run_id`` = the run label plus a
-        ``device_name`` column, runs table: ``label``, ``run_id``, ``device_name``, ``torch``,
-        ``git_sha``, ``dir``), in the order given.
+        ``device_name`` column and ``attrs["plugin_notes"]`` of every run, runs table: ``label``,
+        ``run_id``, ``device_name``, ``torch``, ``git_sha``, ``dir``), in the order given.
 
     Raises:
         NothingToCompare: fewer than two run directories.
@@ -98,8 +98,9 @@ def load_runs(run_dirs: list[Path | str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     labels = run_labels(runs)
     for f, r, lbl in zip(frames, runs, labels):
         f["run_id"], f["device_name"] = lbl, r["device_name"]
-    return (pd.concat(frames, ignore_index=True),
-            pd.DataFrame([{"label": lbl, **r} for lbl, r in zip(labels, runs)]))
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs["plugin_notes"] = list(dict.fromkeys(n for f in frames for n in f.attrs.get("plugin_notes", [])))
+    return df, pd.DataFrame([{"label": lbl, **r} for lbl, r in zip(labels, runs)])
 
 
 def _shown(t: pd.DataFrame) -> pd.DataFrame:
@@ -300,6 +301,7 @@ def build_compare(run_dirs: list[Path | str], out_dir: Path | str) -> dict[str, 
         f"workload and shape with ok step times in every run); {len(partial)} in only some runs.")),
     ])
     pair = render.Section("Paired ratio to prenorm, side by side", [("text", paired.METHOD)])
+    head.blocks += [("text", f"Plugins: {n}.") for n in df.attrs.get("plugin_notes", [])]
     noisy = _noise_warning(long, labels)
     if noisy:
         head.blocks.append(("text", noisy))

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from harness.rundir.plugins import load_for as load_plugins
 from harness.rundir.records import COLUMNS, RECORDS_FILE, load_rows
 from routers import BASELINE
 
@@ -127,6 +128,9 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
         units that do not match their end marker, an unfinished tail, schema-1 records), one line
         each naming the file and line numbers, for a report to show; ``[]`` when none. Each is
         also warned once as a :class:`harness.rundir.records.RecordsWarning`.
+        ``df.attrs["plugin_notes"]``: the plugins the runs recorded are loaded first
+        (:func:`harness.rundir.plugins.load_for`); one sentence per plugin that could not be
+        (or changed since), for a report to show; ``[]`` when none.
 
     Raises:
         FileNotFoundError: when a run directory has no ``records.jsonl``.
@@ -135,8 +139,9 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
     if attempts not in ("last", "all"):
         raise ValueError(f"attempts must be 'last' or 'all', got {attempts!r}")
     problems: list[str] = []
-    df = pd.DataFrame(load_rows(run_dir_paths(run_dirs), finished_only=finished_only, problems=problems),
-                      columns=list(COLUMNS))
+    paths = run_dir_paths(run_dirs)
+    notes = load_plugins(paths)  # the plugins the runs recorded: their routers' classes, here too
+    df = pd.DataFrame(load_rows(paths, finished_only=finished_only, problems=problems), columns=list(COLUMNS))
     run_level = df["metric"].isin(RUN_METRICS)
     run_rows = df[run_level].assign(value=lambda r: pd.to_numeric(r["value"], errors="coerce"))
     df = df[~run_level].reset_index(drop=True)
@@ -154,6 +159,7 @@ def load_frame(run_dirs: Iterable[Path | str], finished_only: bool = True,
                                for r, i, o in zip(df["router"], df["impl"], df["options"])],
                               index=df.index, dtype=str)
     df.attrs["record_problems"] = problems
+    df.attrs["plugin_notes"] = notes
     df.attrs["run_rows"] = run_rows.to_dict("records")  # plain rows: pandas compares attrs
     return df
 

@@ -108,12 +108,14 @@ def _cpu_mhz() -> float | None:
 def run_info(device: torch.device | str) -> dict[str, Any]:
     """What a benchmark's ``extra_info`` gets of this run (it differs between runs on one
     machine): ``hostname``, ``argv`` (the command line), ``sm_clock_mhz`` (CUDA, read now; None on
-    CPU), ``cpu_mhz`` (now), and ``environment`` (:func:`harness.rundir.environment.environment`,
-    the device identity :mod:`reports.benchjson` and the gate read)."""
+    CPU), ``cpu_mhz`` (now), ``environment`` (:func:`harness.rundir.environment.environment`,
+    the device identity :mod:`reports.benchjson` and the gate read) and ``plugins`` (the plugins
+    this process loaded, :func:`routers.plugins.records`, which the gate and reports load again)."""
+    from routers import plugins
     device = torch.device(device)
     return {"hostname": socket.gethostname(), "argv": list(sys.argv),
             "sm_clock_mhz": noise.sm_clock_mhz(device), "cpu_mhz": _cpu_mhz(),
-            "environment": environment(device)}
+            "environment": environment(device), "plugins": plugins.records()}
 
 
 def given(config: pytest.Config, option: str) -> bool:

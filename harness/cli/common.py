@@ -174,9 +174,11 @@ class Run:
                 raise ConfigError(f"--run-id {self.run_id}: this run was started with {diff} = "
                                   f"{_show(theirs.get(diff))}, not {_show(mine.get(diff))}; resume it with "
                                   f"--config {self.spec_path} or choose another --run-id")
+            _check_plugins(self.run_id, self.spec_path, tomllib.loads(text).get("plugins") or [])
+        from routers import plugins
         write_toml(self.spec, self.spec_path, f"routerbench {self.command} spec, resolved; repeat with:\n"
                    f"  routerbench {self.command} --config <this file> --out <results root> --run-id NEW",
-                   self.spec.NOT_IN_FILE)
+                   self.spec.NOT_IN_FILE, plugins.records())
 
     def announce(self, what: str = "") -> None:
         """Say where the run goes, whether it resumes, and what was recovered from a dead writer,
@@ -201,9 +203,11 @@ class Run:
             return
         from harness.timing.noise import machine_load
         m = machine_load()
+        from routers import plugins
         write_manifest(self.dir, self.device, {"run_id": self.run_id, "command": self.command,
                                                "spec": SPEC_FILE, "cpu_pressure_start": m["pressure"],
-                                               "others_start": m["others"], "load_avg_start": m["load_avg"], "cpus": m["cpus"], **extra})
+                                               "others_start": m["others"], "load_avg_start": m["load_avg"], "cpus": m["cpus"],
+                                               "plugins": plugins.records(), **extra})
 
     def finish(self, started: float) -> None:
         """Write the command's wall time since ``started`` (``time.perf_counter``) beside its plan:
@@ -282,6 +286,26 @@ def resume_command(command: str, run_dir: Path, out: str | None = None) -> str:
     out = out if out is not None else str(run_dir.parent.parent)
     return (f"{program()} {command} --config {shlex.quote(str(run_dir / SPEC_FILE))} "
             f"--out {shlex.quote(str(out))} --run-id {shlex.quote(run_dir.name)}")
+
+
+def _check_plugins(run_id: str, spec_path: Path, recorded: list) -> None:
+    """A resumed run must measure the plugin code it started with: each plugin its ``spec.toml``
+    records from a file must have the same sha256 now, one from a distribution the same version.
+
+    Raises:
+        ConfigError: a plugin's file or version changed since the run started (naming both).
+    """
+    from routers import plugins
+    now = {p.spec: p for p in plugins.LOADED.values()}
+    for rec in recorded:
+        p = now.get(rec.get("spec")) if isinstance(rec, dict) else None
+        if p is None:
+            continue
+        for key, what in (("sha256", "its file's sha256"), ("version", "its version")):
+            if rec.get(key) and getattr(p, key) and rec[key] != getattr(p, key):
+                raise ConfigError(f"--run-id {run_id}: this run was started with plugin {p.label}, "
+                                  f"{what} {str(rec[key])[:12]}, now {str(getattr(p, key))[:12]}; restore "
+                                  f"that plugin to resume it ({spec_path}) or choose another --run-id")
 
 
 def _show(value: Any) -> str:

@@ -49,6 +49,31 @@ def resolve(paths, tmp: Path, what: str = "RESULTS") -> list[Path]:
     return out
 
 
+def load_plugins(paths) -> list[str]:
+    """Load the plugins the results recorded (:mod:`harness.rundir.plugins`; a pytest-benchmark
+    JSON's in its benchmarks' ``extra_info``, :func:`reports.benchjson.plugin_records`), so the
+    rules may name their routers; never raises for a result it cannot read (:func:`resolve` does).
+
+    Returns:
+        one sentence per plugin that could not be loaded here.
+    """
+    import json
+
+    from harness.rundir.plugins import load_for
+    from reports.benchjson import plugin_records
+    from routers import plugins
+    dirs, recs = [], []
+    for p in map(Path, paths):
+        if p.is_file() and p.suffix == ".json":
+            try:
+                recs += plugin_records(json.loads(p.read_text(encoding="utf-8")))
+            except (OSError, ValueError, AttributeError):
+                continue
+        elif p.is_dir():
+            dirs += [p] + sorted(m.parent for m in p.rglob("manifest.json"))
+    return list(dict.fromkeys(load_for(dirs) + plugins.load_recorded(recs)))
+
+
 def read_baseline(baseline: Path, tmp: Path) -> list[Path]:
     """The baseline's run directories: those in or below ``baseline`` and the bench JSON files
     directly in it (converted under ``tmp``, :func:`resolve`); ``[]`` when it is missing or empty.
@@ -227,6 +252,8 @@ def gate_cmd(results, rules_path, baseline, update_baseline, strict, markdown, n
         raise ConfigError("--update-baseline needs --baseline DIR (the folder to write the baseline to)")
     from .report import parse_noise_thresholds
     thresholds = parse_noise_thresholds(noise_thresholds)
+    for note in load_plugins(results):  # before the rules: they may name a plugin's routers
+        click.echo(f"Plugins: {note}.", err=True)
     rules = gate_rules.load_rules(rules_path)
     base_dir = Path(baseline) if baseline is not None else None
     for r in results if base_dir is not None else ():

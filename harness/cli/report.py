@@ -122,6 +122,8 @@ def print_summary(dirs) -> None:
     from reports.summary import cost_sentences
     from reports.tables import failures
     df = load_frame(dirs)
+    for note in df.attrs.get("plugin_notes", []):  # a plugin the runs recorded, not loaded here
+        click.echo(f"Plugins: {note}.")
     if (first := cautions.verdict(df)) is not None:
         click.echo(first + "\n")
     said, _ = cost_sentences(df, load_manifests(dirs))
@@ -190,6 +192,8 @@ def _paired_text(pt, pv, pp=None) -> str:
 
 def _unpaired(df) -> None:
     from reports.tables import backend_table
+    for note in df.attrs.get("plugin_notes", []):  # a plugin the runs recorded, not loaded here
+        click.echo(f"Plugins: {note}.")
     t = backend_table(df)
     if t.empty:
         click.echo("no ok step_time rows")

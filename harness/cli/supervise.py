@@ -53,8 +53,10 @@ def _die_with_parent() -> None:  # in the child, before exec: Linux only, best e
 
 def run_child(cmd: list[str]) -> int:
     """Run ``cmd`` as a supervised child, passing :data:`FORWARDED` signals on to it; its exit
-    status (128 + N when a signal N ended it)."""
-    env = {**os.environ, CHILD_ENV: "1"}
+    status (128 + N when a signal N ended it). The child loads the plugins this process loaded
+    (:func:`routers.plugins.child_env`)."""
+    from routers import plugins
+    env = {**plugins.child_env(), CHILD_ENV: "1"}
     proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 - no threads here
     old = {s: signal.signal(s, lambda signum, frame: proc.send_signal(signum)) for s in FORWARDED}
     try:

@@ -210,13 +210,17 @@ def read_toml(path: str, command: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: not valid TOML (not UTF-8 text)") from None
     plugins = data.pop("plugins", None)
     if plugins is not None:
-        if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
+        if not isinstance(plugins, list) or not all(_plugin_entry(x) for x in plugins):
             raise ConfigError(f"--config {path}: plugins must be a list of module names or .py paths, "
                               f"got {_describe(plugins)}")
         from routers import plugins as loader
         base = Path(path).parent
+        # a spec.toml records each plugin as a table (routers.plugins.records): its spec; an
+        # entry point's is loaded by the command itself when its distribution is installed
+        names = [x if isinstance(x, str) else x["spec"] for x in plugins]
+        names = [x for x in names if x.split(":")[0] not in loader.GROUPS]
         loader.activate(config=[str(base / x) if loader._is_file(x) and not Path(x).expanduser().is_absolute()
-                                else x for x in plugins], entry=False)
+                                else x for x in names], entry=False)
     cmd = data.pop("command", command)
     if not isinstance(cmd, str):
         raise ConfigError(f"--config {path}: command must be a string naming the command, got {_describe(cmd)}")
@@ -224,6 +228,11 @@ def read_toml(path: str, command: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: command = {cmd!r}, but this is `routerbench {command}`; "
                           f"use `routerbench {cmd} --config {path}`")
     return data
+
+
+def _plugin_entry(x: Any) -> bool:
+    """A ``plugins`` entry: a module name or path, or a plugin's record (a table with ``spec``)."""
+    return isinstance(x, str) or (isinstance(x, dict) and isinstance(x.get("spec"), str))
 
 
 def load(spec_cls: type, cli: dict[str, Any], config: str | None = None):
@@ -276,9 +285,13 @@ def load(spec_cls: type, cli: dict[str, Any], config: str | None = None):
     return spec_cls(**kwargs), labels
 
 
-def to_toml(spec: Any, skip: tuple[str, ...] = ()) -> str:
-    """The spec as TOML (fields that are ``None`` and the paths in ``skip`` left out)."""
+def to_toml(spec: Any, skip: tuple[str, ...] = (), plugins: list[dict[str, Any]] | None = None) -> str:
+    """The spec as TOML (fields that are ``None`` and the paths in ``skip`` left out), with the
+    plugins the run loaded (``plugins``: :func:`routers.plugins.records`, written as the
+    ``plugins`` key a ``--config`` file loads; left out when None or empty)."""
     doc: dict[str, Any] = {"command": spec.COMMAND}
+    if plugins:
+        doc["plugins"] = [dict(p) for p in plugins]
     for part in dataclasses.fields(spec):
         table = {}
         for f in dataclasses.fields(getattr(spec, part.name)):
@@ -307,6 +320,8 @@ def _dumps_subset(doc: dict[str, Any]) -> str:
             return json.dumps(v)  # a JSON string is a valid TOML basic string
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table (a plugin's record)
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
         raise TypeError(f"cannot write {type(v).__name__} to a spec file")
 
     def table(name: str, t: dict[str, Any]) -> list[str]:
@@ -322,9 +337,11 @@ def _dumps_subset(doc: dict[str, Any]) -> str:
     return "\n".join(table("", doc)) + "\n"
 
 
-def write_toml(spec: Any, path: Path, header: str, skip: tuple[str, ...] = ()) -> Path:
-    """Write :func:`to_toml` of ``spec`` to ``path`` atomically, ``header`` as comment lines."""
-    text = "".join(f"# {ln}\n" for ln in header.splitlines()) + to_toml(spec, skip)
+def write_toml(spec: Any, path: Path, header: str, skip: tuple[str, ...] = (),
+               plugins: list[dict[str, Any]] | None = None) -> Path:
+    """Write :func:`to_toml` of ``spec`` (and ``plugins``) to ``path`` atomically, ``header`` as
+    comment lines."""
+    text = "".join(f"# {ln}\n" for ln in header.splitlines()) + to_toml(spec, skip, plugins)
     tmp = Path(path).with_suffix(".toml.tmp")
     tmp.write_text(text)
     tmp.replace(path)

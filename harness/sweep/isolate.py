@@ -30,8 +30,10 @@ from .unit import measure_unit, record_lost
 STARTUP_S = 120.0
 
 
-def _child_main(todo, device: str, path: str, base: dict, run_dir: str, opts: SweepOptions, conn) -> None:
-    """Body of an isolated child: measure one unit into the parent's pending file."""
+def _child_main(todo, device: str, path: str, base: dict, run_dir: str, opts: SweepOptions, conn,
+                plugin_records: list | None = None) -> None:
+    """Body of an isolated child: load the parent's plugins (``plugin_records``:
+    :func:`routers.plugins.records`), then measure one unit into the parent's pending file."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
     try:  # die with the parent (Linux): an orphan must not go on writing
         import ctypes
@@ -39,6 +41,10 @@ def _child_main(todo, device: str, path: str, base: dict, run_dir: str, opts: Sw
     except Exception:  # noqa: BLE001 - best effort off Linux
         pass
     from pathlib import Path
+
+    from routers import plugins
+    if (said := plugins.load_recorded(plugin_records)):  # the parent loaded them: this cannot differ
+        raise plugins.PluginError("; ".join(said))
     w = StagingWriter(Path(path), base, Path(run_dir))
 
     def beat(stage: str, weight: int = 1, **info) -> None:
@@ -57,10 +63,12 @@ def _spawn_unit(todo: list[tuple[Case, bool]], device: torch.device, unit, opts:
     """Run one unit in a spawned child, passing its heartbeats on to ``beat``; ``(statuses, None)``
     or ``(None, what went wrong)``: a text, or the child's :class:`DeviceContextLost`."""
     beat("spawn", 1, text=f"starting a child process for {len(todo)} case{'s' * (len(todo) > 1)} (--isolate)")
+    from routers import plugins
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_child_main, daemon=True,
-                    args=(todo, str(device), str(unit.path), unit.base, str(unit.run_dir), opts, send))
+                    args=(todo, str(device), str(unit.path), unit.base, str(unit.run_dir), opts, send,
+                          plugins.records()))
     p.start()
     send.close()
     deadline = time.monotonic() + STARTUP_S + opts.case_timeout

@@ -329,24 +329,34 @@ def diagnose_run_dir(run_dir: Path | str, batches: int = 4, data: str | Path | N
         batches: fixed validation batches per run (of the run's batch size and sequence length).
         data: the corpus dir, when the one the manifest records is not here.
         device: where the models run.
-        notes: receives one line per run skipped (without a checkpoint, or in progress: its
-            checkpoints replaced while being read, :func:`read_checkpoint`) and per run read from
-            a resume checkpoint (``step-N.pt``: the run has not finished), naming its step.
+        notes: receives one line per run skipped (without a checkpoint, in progress: its
+            checkpoints replaced while being read, :func:`read_checkpoint`, or of a router whose
+            plugin, recorded by the run, cannot be loaded here: :func:`harness.rundir.plugins.load_for`)
+            and per run read from a resume checkpoint (``step-N.pt``: the run has not finished),
+            naming its step.
 
     Returns:
         ``[(run, diagnosis), …]``, one per run, in records order (a run read from a newer
         checkpoint than :func:`find_trained_runs` chose carries that one and its step).
 
     Raises:
-        ConfigError: from :func:`find_trained_runs`, :func:`run_corpus` or :func:`load_model`, or
-            ``batches`` < 1; :class:`RunInProgress` when every run with a checkpoint is in progress.
+        ConfigError: from :func:`find_trained_runs`, :func:`run_corpus` or :func:`load_model`,
+            ``batches`` < 1, or every run of a router not loaded here; :class:`RunInProgress` when every run with a checkpoint is in progress.
     """
     if batches < 1:
         raise ConfigError(f"--batches must be >= 1, got {batches}")
     out, corpora = [], {}
     in_progress: list[RunInProgress] = []
     notes = [] if notes is None else notes
+    from harness.rundir.plugins import load_for
+    from routers import ROUTERS
+    notes += [f"Plugins: {n}" for n in load_for([run_dir])]  # the plugins the run recorded
+    missing = []
     for run in find_trained_runs(run_dir, notes):
+        if run.router not in ROUTERS:  # its plugin is not loaded here (said above)
+            missing.append(run.router)
+            notes.append(f"{run.label}: router {run.router} is not loaded here (its plugin is missing), skipped")
+            continue
         try:
             run, state = read_checkpoint(run)
         except RunInProgress as exc:
@@ -365,4 +375,7 @@ def diagnose_run_dir(run_dir: Path | str, batches: int = 4, data: str | Path | N
         raise in_progress[0] if len(in_progress) == 1 else RunInProgress(
             f"RUN_DIR: {Path(run_dir)}: all {len(in_progress)} runs with a checkpoint are in progress "
             "(their checkpoints were replaced while being read); diagnose again when they end")
+    if not out and missing:
+        raise ConfigError(f"RUN_DIR: {Path(run_dir)}: every run with a checkpoint is of a router not loaded "
+                          f"here ({', '.join(sorted(set(missing)))}): install or give its plugin (--plugin)")
     return out
