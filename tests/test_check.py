@@ -238,3 +238,18 @@ def test_saved_activations_past_the_bound_fail_and_ops_within_pass(monkeypatch):
     assert float(saved.figure.split(", ")[1].rstrip("x prenorm")) > budget.BOUNDS["saved activations"]
     (base_saved, base_ops) = budget.ops_and_saved("prenorm")
     assert base_saved.figure.endswith("1.00x prenorm") and base_ops.figure.endswith("1.00x prenorm")
+
+
+def test_regions_that_grow_with_depth_fail_layer_recompiles(monkeypatch):
+    """A role that names the slot's index makes one region per sublayer: the count grows with
+    depth (here at 1 and 2 layers, to keep the compile short)."""
+    from harness.conformance import graphs
+
+    class ByIndex(ROUTERS["prenorm"]):
+        def role(self, slot):
+            return (slot.index,)
+    monkeypatch.setitem(registry.ROUTERS, "planted_by_index", ByIndex)
+    monkeypatch.setattr(graphs, "DEPTHS", (1, 2))
+    (f,) = graphs.layer_recompiles("planted_by_index")
+    assert not f.passed and f.line.startswith("its regions grow with depth (4 at L=1, 6 at L=2)"), f
+    assert f.figure == "L=1: 4 regions, 0 recompiles, L=2: 6 regions, 0 recompiles"

@@ -125,11 +125,13 @@ def layer_recompiles(name: str, options: dict | None = None, device: str = "cpu"
     return [Finding("layer recompiles", True, "", fig)]
 
 
-def _loss_and_grads(model, x, y) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _loss_and_grads(model, x, y, run=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss and gradients (by ``model``'s parameter names) of one step run by ``run`` (default
+    ``model``; e.g. its compiled wrapper, whose names carry a prefix)."""
     from harness.step.modes import lm_loss
     for p in model.parameters():
         p.grad = None
-    loss = lm_loss(model(x), y)
+    loss = lm_loss((model if run is None else run)(x), y)
     loss.backward()
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -142,7 +144,7 @@ def inductor_equality(name: str, options: dict | None = None, device: str = "cpu
     ref, gref = _loss_and_grads(model, x, y)
     with quiet_dynamo():
         try:
-            got, grads = _loss_and_grads(torch.compile(model), x, y)
+            got, grads = _loss_and_grads(model, x, y, torch.compile(model))
         except Exception as exc:  # noqa: BLE001
             return [Finding("inductor", False, f"Inductor failed to compile the step: {_what(exc)}")]
     errs = {"loss": rel_err(got, ref), **{f"grad {k}": rel_err(grads.get(k, torch.zeros_like(v)), v)
