@@ -253,3 +253,15 @@ def test_regions_that_grow_with_depth_fail_layer_recompiles(monkeypatch):
     (f,) = graphs.layer_recompiles("planted_by_index")
     assert not f.passed and f.line.startswith("its regions grow with depth (4 at L=1, 6 at L=2)"), f
     assert f.figure == "L=1: 4 regions, 0 recompiles, L=2: 6 regions, 0 recompiles"
+
+
+@pytest.mark.parametrize("args, start", [
+    (["check", "haares", "--impl", "liger"], "routerbench: error: --impl: 'liger' is not an implementation of haares; "
+                                             "its impls: naive, two_phase, lean"),
+    (["check", "prenorm", "--impl", "two_phase"], "routerbench: error: --impl: 'two_phase' is not an implementation "
+                                                  "of prenorm; prenorm has no impls; drop --impl"),
+    (["check", "two_phase", "--impl", "lean"], "routerbench: error: --impl: 'two_phase' is an impl already"),
+])
+def test_a_bad_impl_is_one_line_and_exit_2(args, start):
+    code, out = _check(*args)
+    assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith(start), out

@@ -40,7 +40,7 @@ def check_cmd(name: str, impl: str | None, inductor: bool, device: str) -> None:
     from routers.errors import ConfigError
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
-    router, impl = resolve(name, impl)
+    router, impl = resolve(name, impl, device)
     what = f"{router} (impl {impl})" if impl else router
     click.echo(f"routerbench check {what}:")
     findings = run_checks(router, impl, inductor=inductor, device=device)

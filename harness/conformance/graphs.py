@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from typing import Iterator
 
 import torch
@@ -118,11 +119,29 @@ def layer_recompiles(name: str, options: dict | None = None, device: str = "cpu"
     extra = {L: frames[L] - regions[L] for L in DEPTHS if frames[L] > regions[L]}
     if extra:
         L, n = next(iter(extra.items()))
-        return [Finding("layer recompiles", False, f"{n} recompiles at L={L}: a region saw a new state layout or "
-                        "constant per slot (TORCH_LOGS=recompiles names the guard); keep the packed state's shapes "
-                        "and strides fixed across slots (begin() pads what grows; no expanded views) and pass "
+        return [Finding("layer recompiles", False, f"{n} recompiles at L={L} ({_first_recompile(name, opts, L, device)}): "
+                        "keep the packed state's shapes, strides and aliasing the same at every slot (begin() pads "
+                        "what grows; no expanded views; no tensor both in the state and in params) and pass "
                         "per-slot values as tensors from params()", fig)]
     return [Finding("layer recompiles", True, "", fig)]
+
+
+def _first_recompile(name: str, options: dict, n_layers: int, device: str) -> str:
+    """The guard that failed at the first recompile of the layer scope (Dynamo's
+    ``error_on_recompile``): ``region sublayer_region_1: Duplicate tensors found: …``."""
+    model = tiny_model(name, options, CFG.replace(n_layers=n_layers), device)
+    model.regions = Regions(lambda f: torch.compile(f, backend="eager", fullgraph=True))
+    x, _ = tokens(device=device)
+    with quiet_dynamo(), torch._dynamo.config.patch(error_on_recompile=True):
+        try:
+            model(x)
+        except Exception as exc:  # noqa: BLE001 - RecompileError (or another error: said as it is)
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            fn = lines[0].split(" in ")[0].replace("Recompiling function ", "region ") if lines else ""
+            guard = next((ln.lstrip("- ") for ln in lines if ln.startswith("- ")), lines[-1] if lines else "")
+            guard = re.sub(r"^\d+/\d+: ", "", guard)  # Dynamo's frame/compile ids
+            return " ".join(f"{fn}: {guard}".split())[:200]
+    return "the guard that failed did not fail again"
 
 
 def _loss_and_grads(model, x, y, run=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -15,14 +15,14 @@ CHECKS = ("reference", "gradients", "capture", "graph breaks", "layer recompiles
           "saved activations", "cost models")
 
 
-def resolve(name: str, impl: str | None = None) -> tuple[str, str | None]:
+def resolve(name: str, impl: str | None = None, device: str = "cpu") -> tuple[str, str | None]:
     """(router, impl or None) of ``check NAME [--impl IMPL]``: NAME is a router, or an impl
     (then its first router; ``naive``, the reference itself, is refused).
 
     Raises:
         ConfigError: NAME is neither a router nor an impl (one line listing the known routers and
             impls), ``--impl`` does not implement the router, or NAME is an impl and ``--impl``
-            is given too.
+            is given too, or the impl cannot run on ``device`` here (its package, its devices).
     """
     known = impls.names()
     if name not in ROUTERS and name not in known:
@@ -35,7 +35,13 @@ def resolve(name: str, impl: str | None = None) -> tuple[str, str | None]:
             raise ConfigError("check: naive is every family's reference impl; check a router or another impl")
         name, impl = impls.get(name).routers[0], name
     if impl is not None:
-        impls.get(impl, name)  # ConfigError naming --impls and the router's impls
+        offered = [i.name for i in impls.impls_for(name)]
+        if impl not in offered:
+            raise ConfigError(f"--impl: {impl!r} is not an implementation of {name}; "
+                              + (f"its impls: {', '.join(offered)}" if offered else f"{name} has no impls; drop --impl"))
+        why = impls.get(impl, name).unavailable_reason(device, "float64")
+        if why:
+            raise ConfigError(f"--impl {impl}: cannot be checked here: {why}")
         if impl == "naive":
             impl = None
     return name, impl
