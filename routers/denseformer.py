@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from .base import Router, Slot
 from .errors import ConfigError
 from .registry import register
+from . import reference as _ref
 
 
 class DenseState(NamedTuple):
@@ -137,6 +138,10 @@ class DenseFormer(Router):
 
     def output(self, state: DenseState, params: tuple = ()) -> Tensor:
         return state.h
+
+    def reference(self, embedding: Tensor, updates: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The float64 bank of unit outputs and DWA sums (:func:`routers.reference.denseformer`)."""
+        return _ref.denseformer(self, embedding, updates)
 
     def options(self) -> dict:
         return {"dilation": self.dilation, "period": self.period, "unit": self.unit}

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from .base import Router, Slot
 from .registry import register
+from . import reference as _ref
 
 
 @register("prenorm")
@@ -41,6 +42,13 @@ class PreNorm(Router):
     def output(self, state: Tensor, params: tuple = ()) -> Tensor:
         """h_out = h_2L."""
         return state
+
+    def reference(self, embedding: Tensor, updates: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The float64 recurrence h_{k+1} = h_k + g_k u_k (:func:`routers.reference.prenorm`;
+        g_k = 1 here, ReZero's α_k, LayerScale's γ_k): (the 2L reads, h_out)."""
+        gains = getattr(self, "alpha", None)
+        gains = getattr(self, "gamma", None) if gains is None else gains
+        return _ref.prenorm(embedding, updates, None if gains is None else list(gains))
 
     # --- cost models (Router docstrings; docs/FLOPS.md) ----------------------------------------
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:

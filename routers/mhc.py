@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .errors import ConfigError
 from .stream import Coefficients, StreamRouter, check_choice, compute_dtype, full_precision
 from .registry import register
+from . import reference as _ref
 
 
 def sinkhorn(z: Tensor, iters: int, *, init: str = "exp", last: str = "col", eps: float = 1e-6) -> Tensor:
@@ -171,6 +172,9 @@ class ManifoldHyperConnections(StreamRouter):
             c = torch.sigmoid(post) * self.post_mult
             h_res = sinkhorn(z, self.sk_iters, init=self.sk_init, last=self.sk_last, eps=self.sk_eps)
         return Coefficients(a, h_res if self.res_apply == "H" else h_res.transpose(-1, -2), c)
+
+    #: the float64 coefficients of :meth:`reference`: token by token, Sinkhorn with loops
+    reference_coefficients = staticmethod(_ref.mhc_coefficients)
 
     def coefficient_flops(self) -> int:
         """Per token: r (pow, mean: 2nd; +ε, √: 2), x̃φ 2n²(n+2)d, ÷r, ⊙α, +b 3(n²+2n), two

@@ -54,6 +54,7 @@ from torch import Tensor
 
 from .base import Router, Slot
 from .errors import ConfigError
+from . import reference as _ref
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -195,6 +196,11 @@ class StreamRouter(Router):
         if self.peer:
             return peer_output(self, state)
         return state.x.sum(-2) if self.readout == "sum" else state.x.mean(-2)
+
+    def reference(self, embedding: Tensor, updates: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The float64 streams X carried through the 2L sublayers with per-stream loops
+        (:func:`routers.reference.streams`; mhc gives its own coefficients)."""
+        return _ref.streams(self, embedding, updates, getattr(self, "reference_coefficients", None))
 
     def check_region_form(self) -> None:
         if self.peer:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 #: What this package may import (DESIGN.md, "Layers"; checked by tests/test_layers.py): every stage.
 MAY_IMPORT = ("routers", "workloads", "harness.stats", "harness.rundir", "harness.step", "harness.timing",
-              "harness.costs", "harness.sweep", "harness.training", "harness.spec", "reports", "harness.ci")
+              "harness.costs", "harness.sweep", "harness.training", "harness.spec", "reports", "harness.ci",
+              "harness.conformance")
 
 import importlib  # noqa: E402
 import os  # noqa: E402
@@ -29,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("train", "train_cmd", "Time to a target validation loss, routers x seeds paired by seed."),
     "study": ("study", "study_group", "Studies across a grid of shapes (`study depth`)."),
     "profile": ("profile", "profile_cmd", "torch.profiler traces of one case; the router's share of a step."),
+    "check": ("check", "check_cmd", "Conformance of a router or impl: reference, gradients, host syncs, graphs, costs."),
     "costs": ("costs", "costs_cmd", "Launches and bytes of one step per router and impl, counted, never timed."),
     "kernels": ("kernels", "kernels_cmd", "Each fused kernel alone (time, GB/s, config) and each peer per op."),
     "report": ("report", "report_cmd", "Tables, figures, report.html and report.md from run dirs."),

@@ -22,7 +22,9 @@ Kinds of :class:`Finding`:
 A finding is placed at the innermost frame of the stack that belongs to the project (a file under
 the repository root, outside hidden folders such as ``.venv/``, and not this module), path relative
 to the root, or to a script of the caller's outside the checkout (any file outside Python's library
-folders and site-packages), its absolute path; the stack is walked only for a suspicious op. An op of the backward is seen too (the
+folders and site-packages), its absolute path, or to a loaded plugin (:data:`routers.plugins.LOADED`:
+its file, and every file of its package's folder), its absolute path even when it is installed
+in site-packages; the stack is walked only for a suspicious op. An op of the backward is seen too (the
 dispatch mode sees the ops of autograd's backward and of custom ``autograd.Function`` s) and says
 which backward node ran it; an autograd-made backward has no frame of its own, so it is placed at
 the project line that called ``backward()``. Ops of ``torch.optim`` are left out
@@ -107,10 +109,33 @@ def format_findings(findings: Iterable[Finding]) -> str:
 
 
 _paths: dict[str, str | None] = {}
+#: (the plugins' files, their package folders) of :func:`plugin_paths`' last look
+_plugins: tuple[frozenset, tuple] = (frozenset(), ())
+
+
+def plugin_paths() -> tuple[frozenset, tuple]:
+    """(absolute files, absolute folders ending in a separator) of the loaded plugins
+    (:data:`routers.plugins.LOADED`): a plugin module's file; for a module of a package (a dotted
+    name, or a package's ``__init__.py``), every file under its top package's folder too."""
+    loader = sys.modules.get("routers.plugins")
+    files, folders = set(), set()
+    for plugin in (getattr(loader, "LOADED", {}) or {}).values():
+        if not plugin.file:
+            continue
+        path = os.path.abspath(plugin.file)
+        files.add(path)
+        top = Path(path).parent
+        depth = plugin.module.count(".") + (os.path.basename(path) == "__init__.py")
+        if depth:
+            for _ in range(depth - 1):
+                top = top.parent
+            folders.add(str(top) + os.sep)
+    return frozenset(files), tuple(sorted(folders))
 
 
 def _project_path(filename: str) -> str | None:
-    """``filename`` relative to :data:`ROOT` when it is a project file (module doc), else None."""
+    """``filename`` relative to :data:`ROOT` when it is a project file (module doc), a plugin's
+    file by its absolute path, else None."""
     try:
         return _paths[filename]
     except KeyError:
@@ -120,7 +145,9 @@ def _project_path(filename: str) -> str | None:
     if not filename.startswith("<") and path != _SELF:
         parts = path.split(os.sep)
         library = "site-packages" in parts or "dist-packages" in parts or path.startswith(_LIBRARY)
-        if path.startswith(_ROOT):
+        if path in _plugins[0] or path.startswith(_plugins[1]):
+            rel = "/".join(path[len(_ROOT):].split(os.sep)) if path.startswith(_ROOT) else path
+        elif path.startswith(_ROOT):
             inside = path[len(_ROOT):].split(os.sep)
             if not inside[0].startswith(".") and not library:
                 rel = "/".join(inside)
@@ -130,8 +157,29 @@ def _project_path(filename: str) -> str | None:
     return rel
 
 
+def _refresh() -> None:
+    global _plugins
+    if (now := plugin_paths()) != _plugins:  # a plugin loaded since: its files are the project's
+        _plugins = now
+        _paths.clear()
+
+
+def project_frame(frames: Iterable[tuple[str, int]]) -> tuple[str, int] | None:
+    """The innermost (file, line) of ``frames`` (outermost first, e.g. a traceback's
+    ``(filename, lineno)`` pairs) that is the project's or a plugin's (module doc), its path as a
+    finding gives it; None when none is."""
+    _refresh()
+    found = None
+    for filename, line in frames:
+        rel = _project_path(filename)
+        if rel is not None:
+            found = (rel, line)
+    return found
+
+
 def _origin() -> tuple[str, int] | None:
     """(file, line) of the innermost project frame of the stack; None inside :data:`OPAQUE`."""
+    _refresh()
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename

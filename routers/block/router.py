@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from .. import impls as _impls
 from ..base import Offered, Router, Slot, block_layout, modelled_impls
 from ..errors import ConfigError
+from .. import reference as _ref
 from . import naive, two_phase
 from .costs import BlockCosts
 from .phases import PLAIN, Phases, inv_rms, readout
@@ -169,6 +170,11 @@ class BlockRouter(BlockCosts, Router):
         if self.schedule == "two_phase":
             return two_phase.output(self, state, params)
         return naive.output(self, state, params)
+
+    def reference(self, embedding: Tensor, updates: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The float64 pools and mixes of every read, the bases recomputed from the updates
+        (:func:`routers.reference.block_router`)."""
+        return _ref.block_router(self, embedding, updates)
 
     def pack(self, state) -> tuple:
         return tuple(state)
