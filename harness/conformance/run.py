@@ -27,12 +27,12 @@ def resolve(name: str, impl: str | None = None, device: str = "cpu") -> tuple[st
     known = impls.names()
     if name not in ROUTERS and name not in known:
         raise ConfigError(f"check: unknown router or impl {name!r}; known routers: {', '.join(sorted(ROUTERS))}; "
-                          f"impls: {', '.join(n for n in known if n != 'naive')} (load yours with --plugin)")
+                          f"impls: {', '.join(n for n in known if n != impls.REFERENCE)} (load yours with --plugin)")
     if name not in ROUTERS:
         if impl is not None:
             raise ConfigError(f"--impl: {name!r} is an impl already; give a router as NAME with --impl {impl}")
-        if name == "naive":
-            raise ConfigError("check: naive is every family's reference impl; check a router or another impl")
+        if impls.lookup(name).reference is None:
+            raise ConfigError(f"check: {name} is every family's reference impl; check a router or another impl")
         name, impl = impls.get(name).routers[0], name
     if impl is not None:
         offered = [i.name for i in impls.impls_for(name)]
@@ -42,7 +42,7 @@ def resolve(name: str, impl: str | None = None, device: str = "cpu") -> tuple[st
         why = impls.get(impl, name).unavailable_reason(device, "float64")
         if why:
             raise ConfigError(f"--impl {impl}: cannot be checked here: {why}")
-        if impl == "naive":
+        if impls.lookup(impl).reference is None:  # the reference impl: the router itself
             impl = None
     return name, impl
 
