@@ -356,6 +356,12 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
+def impl_origin(name: str) -> str:
+    """Where impl ``name`` comes from: the label of the plugin that registered it, else
+    ``"built-in"`` (routerbench's own impls and the peer adapters of ``routers/peers/``)."""
+    return next((p.label for p in LOADED.values() if name in p.impls), "built-in")
+
+
 def records() -> list[dict[str, Any]]:
     """The loaded plugins as spec.toml and the manifest keep them (:meth:`Plugin.record`)."""
     return [p.record() for p in LOADED.values()]

@@ -27,7 +27,7 @@ def list_cmd() -> None:
             click.echo(f"  {'':14s} options: {opts}")
     import torch
 
-    from routers import impls
+    from routers import impls, plugins
     device = "cuda" if torch.cuda.is_available() else "cpu"
     click.echo(f"implementations (family, schedule; availability here, on {device}):")
     for name in impls.names():
@@ -36,7 +36,7 @@ def list_cmd() -> None:
         ver = impl.version()
         fam = impl.family.name if impl.family else "every"
         conv = "; ".join(f"{r}: " + ", ".join(f"{k}={v!r}" for k, v in o.items()) for r, o in impl.options.items())
-        click.echo(f"  {name:15s} {fam:6s} {impl.schedule:11s} routers={','.join(impl.routers)}  "
+        click.echo(f"  {name:15s} {fam:6s} {impl.schedule:11s} [{plugins.impl_origin(name)}]  routers={','.join(impl.routers)}  "
                    f"dtypes={','.join(impl.dtypes)}  devices={','.join(impl.devices_here())}  "
                    + (f"conventions {conv}  " if conv else "")
                    + ("available" + (f" ({impl.package} {ver})" if ver else "") if not why else f"unavailable: {why}"))
