@@ -116,7 +116,7 @@ def test_a_correct_plugin_passes_with_exit_0(tmp_path, isolated_plugins):
     cells = [re.split(r"\s{2,}", ln.strip()) for ln in out.splitlines()[2:] if ln.startswith("  ")]
     assert {c[0]: c[1] for c in cells} == {
         "reference": "pass", "gradients": "pass", "capture": "pass", "graph breaks": "pass",
-        "layer recompiles": "pass", "ops": "pass", "saved activations": "pass", "cost models": "info"}, out
+        "layer recompiles": "pass", "ops": "pass", "saved activations": "pass", "cost models": "info"}, out  # no flop model row: none declared
     assert "max rel err 0.0e+00" in out and "every check passed" in out
     assert "declared: none; not declared: analytic_fwd_flops" in out
 
@@ -265,3 +265,38 @@ def test_regions_that_grow_with_depth_fail_layer_recompiles(monkeypatch):
 def test_a_bad_impl_is_one_line_and_exit_2(args, start):
     code, out = _check(*args)
     assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith(start), out
+
+
+def test_a_stale_flop_model_fails_and_a_right_one_passes(isolated_plugins):
+    """A FLOP model left from the template's sigmoid gate after the write changed to tanh (one op
+    more per element) fails ``flop model``; the gate's true count passes."""
+    from torch import nn
+    import torch
+
+    class Tanh(ROUTERS["prenorm"]):
+        """h_{k+1} = h_k + (1 + tanh(a_k)) / 2 · u_k."""
+
+        def __init__(self, d_model, n_layers):
+            super().__init__(d_model, n_layers)
+            self.a = nn.Parameter(torch.zeros(2 * n_layers))
+
+        def params(self, state, slot, region=False):
+            return (self.a[slot.index],)
+
+        def write(self, state, role, params, update):
+            return state + (1 + torch.tanh(params[0])) / 2 * update
+
+        def analytic_fwd_flops(self, batch_size, seq_len):  # the sigmoid template's, stale
+            return float(len(self.slots) * (2 * self.d_model * batch_size * seq_len + 4))
+
+    registry.register("stale_tmp", Tanh)
+    try:
+        bad = budget.analytic_flops("stale_tmp")
+        assert not bad.passed and bad.check == "flop model"
+        assert "analytic_fwd_flops(2, 3) at d=8, L=2 is 400.0, but the forward counts 396 FLOP" in bad.line
+        assert "update the model" in bad.line
+    finally:
+        registry.ROUTERS.pop("stale_tmp", None)
+        registry.ORIGINS.pop("stale_tmp", None)
+    good = budget.analytic_flops("rezero")
+    assert good.passed and good.figure == "960 FLOP at d=16, L=3, B·T=5: declared = counted"

@@ -113,6 +113,8 @@ class $cls(Router):
         return reads, h
 
     # --- cost models (optional; where absent, routerbench says "not declared") ----------------
+    # They describe the math above: change them with it, or delete them. `routerbench check`
+    # compares analytic_fwd_flops with the forward's counted FLOPs and fails where they differ.
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Forward FLOP over B*T tokens (routerbench's docs/FLOPS.md convention): per sublayer,
         sigmoid(g_k) on a 0-d gate (4), sigmoid(g_k) * u (d per token) and the add (d per token).
@@ -191,7 +193,12 @@ README = '''\
     pip install --no-build-isolation -e .       # into routerbench's environment (offline)
     routerbench list | grep $name               # found through the routerbench.routers entry point
     routerbench check $name                     # the conformance checks: reference, gradients, syncs, graph breaks
-    routerbench run --routers prenorm,$name     # its cost paired with prenorm, then the report
+    routerbench run --routers prenorm,$name --widths 16 --depths 2 --n-heads 2 --seq-len 8 \\
+        --batch-size 2 --modes fwd --backends eager --smallest-backends "" --no-train --repeats 5
+                                                # seconds: the pairing and report work (a plumbing check)
+    routerbench run --routers prenorm,$name --widths 64 --depths 4 --seq-len 64 --batch-size 8 \\
+        --modes fwd_bwd --backends eager --smallest-backends "" --no-train --precision-target 0.03
+                                                # a first number: pairs until the ratio's CI is within 3 %
     pytest tests/ --benchmark-only --benchmark-json bench.json   # in your CI; then routerbench gate bench.json --rules R.toml
 '''
 

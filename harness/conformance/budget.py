@@ -13,7 +13,11 @@ the sublayers), the block routers under 2x. A router past 8x the saved bytes or 
 more than any published router: it most likely saves what it could recompute, or loops in Python
 over what one op could do. The ratios fall with d for costs per token that do not grow with d, so
 they flag, they do not measure.
-``cost models`` lists which cost models the router declares (information, never a failure).
+``cost models`` lists which cost models the router declares; of them, ``analytic_fwd_flops`` is
+compared with the router's forward FLOPs counted op by op (:func:`harness.costs.flops.count_router_fma`,
+the convention of docs/FLOPS.md) at two shapes, and fails where they differ: a model left stale after
+its router's math changed would put a wrong number in every FLOP table, MFU and forecast. The other
+models are information (reports say "not declared" for those absent).
 """
 
 from __future__ import annotations
@@ -71,4 +75,23 @@ def declared_models(name: str) -> list[Finding]:
     have = [m for m in MAY_GIVE if declares(router, m)]
     missing = [m for m in MAY_GIVE if m not in have]
     fig = f"declared: {', '.join(have) or 'none'}" + (f"; not declared: {', '.join(missing)}" if missing else "")
-    return [Finding("cost models", True, "", fig, info=True)]
+    out = [Finding("cost models", True, "", fig, info=True)]
+    if "analytic_fwd_flops" in have:
+        out.append(analytic_flops(name))
+    return out
+
+
+def analytic_flops(name: str, options: dict | None = None) -> Finding:
+    """``analytic_fwd_flops`` of router ``name`` against its counted forward FLOPs (module doc), at
+    (d, L, B, T) = (8, 2, 2, 3) and (16, 3, 1, 5): passes where they are equal at both."""
+    from harness.costs.flops import count_router_fma
+    for d, n_layers, b, t in ((8, 2, 2, 3), (16, 3, 1, 5)):
+        router = build_router(name, d, n_layers, **(options or {}))
+        declared, counted = router.analytic_fwd_flops(b, t), 2 * count_router_fma(router, b, t)
+        if declared is None or float(declared) != float(counted):
+            return Finding("flop model", False,
+                           f"analytic_fwd_flops({b}, {t}) at d={d}, L={n_layers} is {declared}, but the forward "
+                           f"counts {counted:g} FLOP (docs/FLOPS.md's convention): update the model to the "
+                           f"router's math, or remove it (reports then say \"not declared\")",
+                           f"{declared} declared vs {counted:g} counted")
+    return Finding("flop model", True, "", f"{counted:g} FLOP at d=16, L=3, B·T=5: declared = counted")

@@ -12,7 +12,7 @@ from .findings import Finding
 
 #: The checks, in the order of the table; ``inductor`` runs only when asked for.
 CHECKS = ("reference", "gradients", "capture", "graph breaks", "layer recompiles", "inductor", "ops",
-          "saved activations", "cost models")
+          "saved activations", "cost models", "flop model")
 
 
 def resolve(name: str, impl: str | None = None, device: str = "cpu") -> tuple[str, str | None]:
@@ -71,7 +71,7 @@ def run_checks(name: str, impl: str | None = None, *, inductor: bool = False, de
         (("layer recompiles",), lambda: graphs.layer_recompiles(name, options, device)),
         (("inductor",), lambda: graphs.inductor_equality(name, options, device)),
         (("ops", "saved activations"), lambda: budget.ops_and_saved(name, options, device)),
-        (("cost models",), lambda: budget.declared_models(name)),
+        (("cost models", "flop model"), lambda: budget.declared_models(name)),
     ]
     found: list[Finding] = []
     for checks, fn in plan:

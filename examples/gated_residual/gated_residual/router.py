@@ -75,6 +75,8 @@ class GatedResidual(Router):
         return reads, h
 
     # --- cost models (optional; where absent, routerbench says "not declared") ----------------
+    # They describe the math above: change them with it, or delete them. `routerbench check`
+    # compares analytic_fwd_flops with the forward's counted FLOPs and fails where they differ.
     def analytic_fwd_flops(self, batch_size: int, seq_len: int) -> float:
         """Forward FLOP over B*T tokens (routerbench's docs/FLOPS.md convention): per sublayer,
         sigmoid(g_k) on a 0-d gate (4), sigmoid(g_k) * u (d per token) and the add (d per token).
