@@ -80,8 +80,7 @@ def new_router_cmd(name: str, directory: Path | None) -> None:
     click.echo(f"  pip install --no-build-isolation -e {directory}")
     click.echo(f"  routerbench check {name}")
     click.echo(f"  routerbench run --routers prenorm,{name} --widths 64 --depths 4 --seq-len 64 --batch-size 8 "
-               f"--modes fwd_bwd --backends eager --smallest-backends \"\" --no-train --precision-target 0.03")
-    click.echo(f"  (the README in {directory} has a seconds-long plumbing check too)")
+               f"--modes fwd_bwd --backends eager --no-train --precision-target 0.03")
 
 
 COMMANDS = (new_group,)

@@ -192,13 +192,8 @@ README = '''\
 
     pip install --no-build-isolation -e .       # into routerbench's environment (offline)
     routerbench list | grep $name               # found through the routerbench.routers entry point
-    routerbench check $name                     # the conformance checks: reference, gradients, syncs, graph breaks
-    routerbench run --routers prenorm,$name --widths 16 --depths 2 --n-heads 2 --seq-len 8 \\
-        --batch-size 2 --modes fwd --backends eager --smallest-backends "" --no-train --repeats 5
-                                                # seconds: the pairing and report work (a plumbing check)
-    routerbench run --routers prenorm,$name --widths 64 --depths 4 --seq-len 64 --batch-size 8 \\
-        --modes fwd_bwd --backends eager --smallest-backends "" --no-train --precision-target 0.03
-                                                # a first number: pairs until the ratio's CI is within 3 %
+    routerbench check $name                     # the conformance checks: reference, gradients, syncs, graph breaks, flop model
+    routerbench run --routers prenorm,$name --widths 64 --depths 4 --seq-len 64 --batch-size 8 --modes fwd_bwd --backends eager --no-train --precision-target 0.03   # paired with prenorm until the ratio's CI is within 3 %, then the report
     pytest tests/ --benchmark-only --benchmark-json bench.json   # in your CI; then routerbench gate bench.json --rules R.toml
 '''
 
