@@ -300,3 +300,18 @@ def test_a_stale_flop_model_fails_and_a_right_one_passes(isolated_plugins):
         registry.ORIGINS.pop("stale_tmp", None)
     good = budget.analytic_flops("rezero")
     assert good.passed and good.figure == "960 FLOP at d=16, L=3, B·T=5: declared = counted"
+
+
+def test_a_check_leaves_dynamos_counters_as_it_found_them(tmp_path, isolated_plugins):
+    """A graph break the check found (the planted print) is not left in Dynamo's counters, where
+    the caller's next compile would read it (``harness.step.backends.graph_breaks``)."""
+    from harness.conformance import graphs
+    from harness.step import backends
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+    counters.clear()
+    path = _plugin(tmp_path, "gated_brk", "print")
+    plugins.activate(str(path), entry=False)
+    found = graphs.graph_breaks("gated_brk")
+    assert not found[0].passed and "graph break at" in found[0].line
+    assert backends.graph_breaks() == 0

@@ -37,7 +37,10 @@ DEPTHS = (4, 8)
 @contextlib.contextmanager
 def quiet_dynamo() -> Iterator[None]:
     """Dynamo's graph-break warnings off (the findings say them, once each); a fresh cache on
-    entry and on exit."""
+    entry and on exit, and Dynamo's counters (graph breaks, unique graphs) as they were on entry:
+    a check leaves no trace in what the caller's process counts next."""
+    from torch._dynamo.utils import counters
+    saved = {key: dict(value) for key, value in counters.items()}
     log = logging.getLogger("torch._dynamo")
     level = log.level
     log.setLevel(logging.ERROR)
@@ -46,6 +49,9 @@ def quiet_dynamo() -> Iterator[None]:
         yield
     finally:
         torch._dynamo.reset()
+        counters.clear()
+        for key, value in saved.items():
+            counters[key].update(value)
         log.setLevel(level)
 
 
