@@ -68,7 +68,10 @@ EXPECT = {"item": ("capture", True, "host sync: Tensor.item"),
 
 @pytest.fixture
 def isolated_plugins():
-    """Plugins loaded by a test are forgotten after it (registry, impls, loader, modules)."""
+    """Plugins loaded by a test are forgotten after it (registry, impls, loader, modules). The
+    built-ins are loaded first, so what is restored is every built-in, not a registry half-loaded."""
+    registry.load_routers()
+    impls.names()
     saved = (dict(registry.ROUTERS), dict(registry.ORIGINS), dict(plugins.LOADED), list(plugins._asked),
              dict(impls.IMPLS), set(sys.modules))
     yield
