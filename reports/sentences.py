@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping
 
+from routers.registry import BASELINE
+
 MINUS = "\u2212"
 
 
@@ -296,7 +298,7 @@ def cost_sentence(r: dict, tolerance: float = 0.25, run: bool = False,
             continue
         quoted.append(key)
         if key == "eager" and flagged:
-            whose = "prenorm's eager step" if r.get("busy_of") == "prenorm" else "the step"
+            whose = f"{BASELINE}'s eager step" if r.get("busy_of") == BASELINE else "the step"
             p += f" (host-bound: the GPU was busy {busy * 100:.0f} % of {whose})"
         if ok(r.get(f"{key}_floor")):
             p += f" ({r[f'{key}_floor']:.1f}× floor)"

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.spec.base import tomllib
 from harness.step.backends import BACKENDS
 from harness.step.modes import MODES
-from routers import ROUTERS
+from routers import BASELINE, ROUTERS
 from routers.errors import ConfigError
 
 METRICS = ("compile_vs_eager", "cudagraph_vs_eager", "overhead_vs_prenorm", "overhead_growth")
@@ -99,8 +99,8 @@ def load_rules(path: str | Path) -> list[Rule]:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{where}.name: must be a non-empty string, got {name!r}")
         routers = _names(t["routers"], f"{where}.routers", ROUTERS) if "routers" in t else None
-        if metric.startswith("overhead") and routers == ("prenorm",):
-            raise ConfigError(f"{where}.routers: prenorm is the reference of {metric}; name other routers")
+        if metric.startswith("overhead") and routers == (BASELINE,):
+            raise ConfigError(f"{where}.routers: {BASELINE} is the reference of {metric}; name other routers")
         modes = _names(t["modes"], f"{where}.modes", MODES) if "modes" in t else None
         backends = None
         if "backends" in t:

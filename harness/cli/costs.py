@@ -40,7 +40,7 @@ def cost_rows(spec: CostsSpec) -> list[dict]:
 
     from harness.costs.step_costs import step_costs
     from harness.sweep.cases import offered_impls
-    from routers import build_router, router_options
+    from routers import BASELINE, build_router, router_options
     from routers.errors import ConfigError
     c = spec.costs
     dtype = getattr(torch, c.dtype)
@@ -52,7 +52,7 @@ def cost_rows(spec: CostsSpec) -> list[dict]:
                 base = None
                 for router in c.routers:
                     offered = offered_impls(router)
-                    wanted = [i for i in c.impls if i in offered] or (offered[:1] if router == "prenorm" else [])
+                    wanted = [i for i in c.impls if i in offered] or (offered[:1] if router == BASELINE else [])
                     if not wanted:  # said, not swapped for another impl
                         rows.append({"router": router, "impl": "–", "d_model": d, "n_layers": L, "tokens": c.tokens,
                                      "dtype": c.dtype, "scope": scope, "mode": "fwd_bwd" if backward else "fwd",

@@ -98,6 +98,9 @@ COMPILE_CUDA_FACTOR = 1.5
 COMPILE_WEIGHT = {"prenorm": 1.0, "rezero": 1.1, "layerscale": 1.1, "block_attnres": 1.2,
                   "haares": 1.35, "wav_v1": 1.55}
 DEFAULT_COMPILE_WEIGHT = 1.5
+#: Routers whose graph grows with depth: router -> weight per layer, added to 1 (replaces
+#: :data:`COMPILE_WEIGHT`): ``full_attnres`` adds one source per sublayer.
+COMPILE_WEIGHT_PER_LAYER = {"full_attnres": 1 / 16}
 #: Share of a cold compile that a warm Inductor cache leaves (the low end): measured 0.03-0.1 here
 #: (d=64, 4 layers: 0.5-2.5 s where the cold compile took 16-45 s).
 WARM_COMPILE = 0.06
@@ -219,7 +222,8 @@ def compile_seconds(cfg, router: str, options: dict, scope: str | None, mode: st
         from workloads.decoder import region_count
         cold = COMPILE_REGION_S * region_count(router_model(cfg, router, options))
     else:
-        w = 1 + cfg.n_layers / 16 if router == "full_attnres" else COMPILE_WEIGHT.get(router, DEFAULT_COMPILE_WEIGHT)
+        per_layer = COMPILE_WEIGHT_PER_LAYER.get(router)
+        w = 1 + cfg.n_layers * per_layer if per_layer else COMPILE_WEIGHT.get(router, DEFAULT_COMPILE_WEIGHT)
         from routers.impls import BLOCK_ROUTERS, attribute
         w *= attribute(options.get("impl"), "compile_weight", 1.0)
         p = COMPILE_DEPTH_EXPONENT["block" if router in BLOCK_ROUTERS else "fixed"]
