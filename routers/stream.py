@@ -148,10 +148,13 @@ class StreamRouter(Router):
         :meth:`next_params`; a dynamic router computes them in promote(dtype, float32)."""
 
     def init_state(self, embedding: Tensor, region: bool = False) -> StreamState:
-        """X⁰ = n copies of e (an expanded view, (B, T, n, d)), with sublayer 0's coefficients."""
+        """X⁰ = n copies of e ((B, T, n, d)), with sublayer 0's coefficients: an expanded view, or
+        under the layer scope (``region``) a contiguous copy, so that every region reads a state of
+        the same strides at every slot (a view's strides would recompile the first region)."""
         if self.peer:
             return peer_init_state(self, embedding)
         x = embedding.unsqueeze(-2).expand(*embedding.shape[:-1], self.n, embedding.shape[-1])
+        x = x.contiguous() if region else x
         coef = self.coefficients(x, self.next_params(0)) if self.dynamic else None
         return StreamState(x, coef)
 

@@ -318,3 +318,14 @@ def test_a_check_leaves_dynamos_counters_as_it_found_them(tmp_path, isolated_plu
     found = graphs.graph_breaks("gated_brk")
     assert not found[0].passed and "graph break at" in found[0].line
     assert backends.graph_breaks() == 0
+
+
+@pytest.mark.parametrize("name", ["dhc", "mhc"])
+def test_dynamic_stream_routers_compile_each_region_once_at_every_depth(name):
+    """Under the layer scope the initial streams are a contiguous copy of e, so the first region
+    sees the strides every later state has: no recompile at L=4 or L=8 (an expanded view
+    recompiled it once per depth)."""
+    from harness.conformance import graphs
+    found = graphs.layer_recompiles(name)[0]
+    assert found.passed, found
+    assert found.figure == "L=4: 5 regions, 0 recompiles, L=8: 5 regions, 0 recompiles"
