@@ -8,7 +8,7 @@ Run without ``TRITON_INTERPRET`` (the interpreter replaces the kernels by Python
 
 The shapes are the largest the kernels specialise on: a pool of n = 19 sources (wav_v1 at 12
 layers in 6 blocks: 1 + 6·(1 + 2)), m = 8 queries, K = 2 detail kinds, 7 updates, every optional
-input present (bias, valid mask, both gradients).
+input present (bias, valid mask, every query's gradients).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 N, M, K, U = 19, 8, 2, 7
+#: every per-query tensor given (the most code a kernel specialises on)
+ALL = (1 << M) - 1
 
 
 def pow2(n: int) -> int:
@@ -32,42 +34,45 @@ def pow2(n: int) -> int:
 def signatures(dt: str, d: int) -> dict[str, tuple[dict, dict]]:
     """kernel → (signature, constexprs) at width d, dtype ``dt`` ("bf16" or "fp32")."""
     p, f = "*" + dt, "*fp32"
-    bd, bk, br = pow2(d), pow2(max(K, 2)), max(1, min(16, 4096 // pow2(d)))
+    bd, bk = pow2(d), pow2(max(K, 2))
     i32 = "i32"
     bm = max(1, min(pow2(M), 4096 // bd))  # routers.block.fused_launch.query_block
     rms = {"R": i32, "d": i32}
     return {
-        "inv_rms_fwd": ({"v": p, "r": f, **rms, "eps": "fp32", "R_BUCKET": i32, "BLOCK_R": "constexpr", "BLOCK_D": "constexpr"},
-                        {"BLOCK_R": br, "BLOCK_D": bd}),
-        "inv_rms_bwd": ({"v": p, "r": f, "g": f, "gv": p, **rms, "R_BUCKET": i32, "BLOCK_R": "constexpr", "BLOCK_D": "constexpr"},
-                        {"BLOCK_R": br, "BLOCK_D": bd}),
         "phase2_fwd": ({"o": p, "mx": f, "s": f, "q": p, "P": p, "details": (p,) * K, "bias": p, "h": p, **rms,
                         "eps": "fp32", "max_scale": "fp32", "R_BUCKET": i32, "K": "constexpr", "HAS_BIAS": "constexpr",
                         "BLOCK_K": "constexpr", "BLOCK_D": "constexpr"},
                        {"K": K, "HAS_BIAS": True, "BLOCK_K": bk, "BLOCK_D": bd}),
         "phase2_bwd": ({"g": p, "h": p, "mx": f, "s": f, "q": p, "bias": p, "updates": (p,) * U, "coef_t": p,
                         "bits": "i64", "k_lo": i32, "n_kinds": i32, "g_o": p, "g_s": f, "g_p": p, "g_d": p,
-                        "gq_part": f, "gb_part": f, **rms, "eps": "fp32", "max_scale": "fp32", "rows_per_prog": i32, "R_BUCKET": i32,
+                        "part": f, **rms, "eps": "fp32", "max_scale": "fp32", "rows_per_prog": i32, "R_BUCKET": i32,
                         "K": "constexpr", "U": "constexpr", "HAS_BIAS": "constexpr", "HAS_COEF_T": "constexpr",
                         "BLOCK_K": "constexpr", "BLOCK_D": "constexpr"},
                        {"K": K, "U": U, "HAS_BIAS": True, "HAS_COEF_T": True, "BLOCK_K": bk, "BLOCK_D": bd}),
-        "phase1_fwd": ({"values": (p,) * N, "inv": (f,) * N, "q": p, "bias": p, "valid": "*u8", "o0": p,
-                        "o_rest": p, "mx": f, "s": f, **rms, "n_q": i32, "R_BUCKET": i32, "N": "constexpr", "HAS_BIAS": "constexpr",
-                        "HAS_VALID": "constexpr", "WRITE_O": "constexpr", "BLOCK_M": "constexpr",
-                        "BLOCK_D": "constexpr"},
-                       {"N": N, "HAS_BIAS": True, "HAS_VALID": True, "WRITE_O": True, "BLOCK_M": bm, "BLOCK_D": bd}),
-        "phase1_bwd_dot": ({"values": (p,) * N, "inv": (f,) * N, "q": p, "bias": p, "valid": "*u8", "mx": f,
-                            "s": f, "g_o0": p, "g_rest": p, "g_dot": f, **rms, "n_q": i32, "R_BUCKET": i32, "N": "constexpr",
-                            "HAS_BIAS": "constexpr", "HAS_VALID": "constexpr", "BLOCK_M": "constexpr",
-                            "BLOCK_D": "constexpr"},
-                           {"N": N, "HAS_BIAS": True, "HAS_VALID": True, "BLOCK_M": bm, "BLOCK_D": bd}),
-        "phase1_bwd": ({"values": (p,) * N, "inv": (f,) * N, "q": p, "bias": p, "valid": "*u8", "mx": f, "s": f,
-                        "g_o0": p, "g_rest": p, "g_s": f, "g_dot": f, "g_v": p, "g_r": f, "g_l": f, **rms,
-                        "n_q": i32, "row0": i32, "RC": i32, "R_BUCKET": i32, "N": "constexpr", "HAS_BIAS": "constexpr",
-                        "HAS_VALID": "constexpr", "HAS_GO": "constexpr", "HAS_GS": "constexpr",
-                        "BLOCK_M": "constexpr", "BLOCK_D": "constexpr"},
-                       {"N": N, "HAS_BIAS": True, "HAS_VALID": True, "HAS_GO": True, "HAS_GS": True, "BLOCK_M": bm,
-                        "BLOCK_D": bd}),
+        "phase1_fwd": ({"values": (p,) * N, "q": p, "bias": p, "valid": "*u8", "o": (p,) * M, "mx": (f,) * M,
+                        "s": (f,) * M, "qc": (f,) * M, **rms, "eps": "fp32", "n_q": i32, "R_BUCKET": i32,
+                        "N": "constexpr", "NQ": "constexpr", "HAS_BIAS": "constexpr", "HAS_VALID": "constexpr",
+                        "WRITE_O": "constexpr", "WRITE_Q": "constexpr", "BLOCK_M": "constexpr", "BLOCK_D": "constexpr"},
+                       {"N": N, "NQ": M, "HAS_BIAS": True, "HAS_VALID": True, "WRITE_O": True, "WRITE_Q": True,
+                        "BLOCK_M": bm, "BLOCK_D": bd}),
+        "phase1_bwd_dot": ({"values": (p,) * N, "q": p, "bias": p, "valid": "*u8", "mx": (f,) * M, "s": (f,) * M,
+                            "g_o": (p,) * M, "g_dot": f, **rms, "eps": "fp32", "n_q": i32, "R_BUCKET": i32,
+                            "N": "constexpr", "NQ": "constexpr", "HAS_BIAS": "constexpr", "HAS_VALID": "constexpr",
+                            "GO_BITS": "constexpr", "BLOCK_M": "constexpr", "BLOCK_D": "constexpr"},
+                           {"N": N, "NQ": M, "HAS_BIAS": True, "HAS_VALID": True, "GO_BITS": ALL, "BLOCK_M": bm,
+                            "BLOCK_D": bd}),
+        "phase1_bwd": ({"values": (p,) * N, "q": p, "bias": p, "valid": "*u8", "mx": (f,) * M, "s": (f,) * M,
+                        "g_o": (p,) * M, "g_s": (f,) * M, "g_dot": f, "g_v": p, "g_l": f, **rms, "eps": "fp32",
+                        "n_q": i32, "row0": i32, "RC": i32, "R_BUCKET": i32, "N": "constexpr", "NQ": "constexpr",
+                        "HAS_BIAS": "constexpr", "HAS_VALID": "constexpr", "GO_BITS": "constexpr",
+                        "GS_BITS": "constexpr", "BLOCK_M": "constexpr", "BLOCK_D": "constexpr"},
+                       {"N": N, "NQ": M, "HAS_BIAS": True, "HAS_VALID": True, "GO_BITS": ALL, "GS_BITS": ALL,
+                        "BLOCK_M": bm, "BLOCK_D": bd}),
+        "phase1_bwd_q": ({"values": (p,) * N, "g_l": f, "g_qc": (f,) * M, "part": f, **rms, "eps": "fp32",
+                          "n_q": i32, "width": i32, "rows_per_prog": i32, "R_BUCKET": i32, "N": "constexpr",
+                          "NQ": "constexpr", "GQ_BITS": "constexpr", "HAS_BIAS": "constexpr", "BLOCK_M": "constexpr",
+                          "BLOCK_D": "constexpr"},
+                         {"N": N, "NQ": M, "GQ_BITS": ALL, "HAS_BIAS": True, "BLOCK_M": bm, "BLOCK_D": bd}),
     }
 
 

@@ -57,15 +57,15 @@ def fused_kernel_bytes(router: torch.nn.Module, batch_size: int, seq_len: int,
     Raises:
         ModuleNotFoundError: Triton is not installed.
     """
-    from routers.block import fused_launch
+    from routers.block import fused_interp
     r = copy.deepcopy(router).to(device="cpu", dtype=dtype)
-    r.phases = fused_launch.phases_of(fused_launch.interpreted_kernels())
+    r.phases = fused_interp.phases_of(fused_interp.interpreted_kernels())
     d = r.d_model
     g = torch.Generator().manual_seed(seed)
     shape = (batch_size, seq_len, d)
     e = torch.randn(shape, generator=g).to(dtype)
     updates = [torch.randn(shape, generator=g).to(dtype) for _ in r.slots]
-    with torch.no_grad(), fused_launch.interpreter(), counting() as moved:
+    with torch.no_grad(), fused_interp.interpreter(), counting() as moved:
         route(r, e, lambda slot, h: updates[slot.index])
     itemsize = torch.empty((), dtype=dtype).element_size()
     return (moved["load"] + moved["store"]) / (batch_size * seq_len * len(r.slots) * d * itemsize)

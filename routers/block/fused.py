@@ -7,12 +7,15 @@ CUDA test; no GPU has run it yet).
 
 The ops (namespace ``routerbench``), each with a fake implementation and ``register_autograd``:
 
-- ``fused_inv_rms(v, eps) -> r``: v (B, T, d) → r (B, T) float32; backward −g·r³·v/d;
-- ``fused_phase1(values, inv, q, bias, valid, write_o) -> (o_0, o_rest, μ, s)``: m queries q
-  (m, d) over n sources (B, T, d) with their inverse RMS (B, T), bias (m, n) or None, valid (n,)
-  bool or None; o_0 (B, T, d), o_rest (m − 1, B, T, d) in the sources' dtype (both empty when
-  ``write_o`` is off: a pool of one source, whose outputs are that source), μ and s (m, B, T)
-  float32. Backward: ``fused_phase1_bwd``, from the sources, inverse RMS, q, bias and μ, s;
+- ``fused_phase1(values, q, bias, valid, write_o, write_q) -> [o_0 … o_{m−1}, μ_0 …, s_0 …, q_0 …]``:
+  m queries q (m, d) over n sources (B, T, d), bias (m, n) or None, valid (n,) bool or None; each
+  key's inverse RMS is computed in the kernel where its row is loaded (none is cached or stored).
+  Each query's results are tensors of their own: o_i (B, T, d) in the sources' dtype (none when
+  ``write_o`` is off: a pool of one source, whose outputs are that source), μ_i and s_i (B, T)
+  float32, and (``write_q``) q_i (d,) float32, the copy of the query that phase 2 takes, so that
+  its gradient comes back through this op's backward. Backward: ``fused_phase1_bwd``, from the
+  sources, q, bias and μ, s, with ∂/∂q and ∂/∂bias reduced in the kernels (one torch sum over the
+  programs' partials);
 - ``fused_phase2(o, μ, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale)
   -> h``: the merge of one read (``routers.block.phases.merge``): o, P (B, T, d) and μ, s (B, T)
   of that read, q (d,), K' raw details (B, T, d) of kinds k_lo … k_lo + K' − 1 and their bias
@@ -24,7 +27,7 @@ The ops (namespace ``routerbench``), each with a fake implementation and ``regis
   tensor ``coef_t`` (the layer scope).
 
 So the backward keeps the tensors ``lean``'s keeps (the sources once, the block's updates, h), and
-of its float32 statistics only μ and s: the kernels recompute the logits, weights, dots and gains.
+of its float32 statistics only μ and s (no inverse RMS): the kernels recompute the logits, weights, dots and gains.
 The FLOPs of the ops are counted on the naive twin (``Impl.opaque``). The kernels run on CUDA,
 and on CPU tensors under ``TRITON_INTERPRET=1`` (tests at tiny shapes), where every kernel runs
 its first config: the autotuner times configs through a GPU driver. On CUDA each kernel is
@@ -43,111 +46,77 @@ import torch
 from torch import Tensor
 
 from ..impls import BUILTIN_NOTE, Impl, StateModel
-from ..mixer import EPS
-from .fused_launch import (MAX_PROGRAMS, check_router, contiguous_all, kernels, run_inv_rms, run_inv_rms_bwd,
+from .fused_launch import (MAX_PROGRAMS, check_router, contiguous_all, kernels, pow2,
                            run_phase1, run_phase1_bwd, run_phase2, run_phase2_bwd)
 from .phases import Phases, distinct
 
 
 # --- the custom ops --------------------------------------------------------------------------
 
-def _inv_rms(mod, v: Tensor, eps: float) -> Tensor:
-    return run_inv_rms(mod, v.contiguous(), eps)
-
-
-@torch.library.custom_op("routerbench::fused_inv_rms", mutates_args=())
-def inv_rms_op(v: Tensor, eps: float) -> Tensor:
-    return _inv_rms(kernels(), v, eps)
-
-
-@inv_rms_op.register_fake
-def _(v, eps):
-    return v.new_empty(v.shape[:-1], dtype=torch.float32)
-
-
-def _inv_rms_bwd(mod, v: Tensor, r: Tensor, g: Tensor) -> Tensor:
-    return run_inv_rms_bwd(mod, v.contiguous(), r, g)
-
-
-@torch.library.custom_op("routerbench::fused_inv_rms_bwd", mutates_args=())
-def inv_rms_bwd_op(v: Tensor, r: Tensor, g: Tensor) -> Tensor:
-    return _inv_rms_bwd(kernels(), v, r, g)
-
-
-@inv_rms_bwd_op.register_fake
-def _(v, r, g):
-    return torch.empty_like(v, memory_format=torch.contiguous_format)
-
-
-def _inv_rms_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], output)
-
-
-def _inv_rms_backward(ctx, g):
-    v, r = ctx.saved_tensors
-    return inv_rms_bwd_op(v, r, g), None
-
-
-inv_rms_op.register_autograd(_inv_rms_backward, setup_context=_inv_rms_setup)
-
-
-def _phase1(mod, values, inv, q, bias, valid, write_o):
-    return run_phase1(mod, contiguous_all(values), contiguous_all(inv), q.contiguous(),
-                      None if bias is None else bias.contiguous(), None if valid is None else valid.contiguous(),
-                      write_o)
+def _phase1(mod, values, q, bias, valid, write_o, write_q):
+    o, mx, s, qc = run_phase1(mod, contiguous_all(values), q.contiguous(),
+                              None if bias is None else bias.contiguous(),
+                              None if valid is None else valid.contiguous(), write_o, write_q)
+    return [*o, *mx, *s, *qc]
 
 
 @torch.library.custom_op("routerbench::fused_phase1", mutates_args=())
-def phase1_op(values: list[Tensor], inv: list[Tensor], q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor],
-              write_o: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _phase1(kernels(), values, inv, q, bias, valid, write_o)
+def phase1_op(values: list[Tensor], q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], write_o: bool,
+              write_q: bool) -> list[Tensor]:
+    return _phase1(kernels(), values, q, bias, valid, write_o, write_q)
 
 
 @phase1_op.register_fake
-def _(values, inv, q, bias, valid, write_o):
+def _(values, q, bias, valid, write_o, write_q):
     v0, m = values[0], q.shape[0]
-    mx = v0.new_empty((m, *v0.shape[:-1]), dtype=torch.float32)
-    if not write_o:
-        return v0.new_empty((0,)), v0.new_empty((0,)), mx, torch.empty_like(mx)
-    return (v0.new_empty(v0.shape), v0.new_empty((m - 1, *v0.shape)), mx, torch.empty_like(mx))
+    o = [v0.new_empty(v0.shape) for _ in range(m)] if write_o else []
+    stats = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(2 * m)]
+    return o + stats + ([q.new_empty((q.shape[1],), dtype=torch.float32) for _ in range(m)] if write_q else [])
 
 
-def _phase1_bwd(mod, values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s):
-    g_v, g_r, g_q, g_b = run_phase1_bwd(mod, contiguous_all(values), contiguous_all(inv), q.contiguous(),
-                                        None if bias is None else bias.contiguous(),
-                                        None if valid is None else valid.contiguous(), mx, s, g_o0, g_rest, g_s)
-    return g_v, g_r, g_q, g_q.new_zeros((0,)) if g_b is None else g_b
+def _phase1_bwd(mod, values, q, bias, valid, mx, s, g_o, g_s, g_qc):
+    return run_phase1_bwd(mod, contiguous_all(values), q.contiguous(),
+                          None if bias is None else bias.contiguous(), None if valid is None else valid.contiguous(),
+                          mx, s, g_o, g_s, g_qc)
 
 
 @torch.library.custom_op("routerbench::fused_phase1_bwd", mutates_args=())
-def phase1_bwd_op(values: list[Tensor], inv: list[Tensor], q: Tensor, bias: Optional[Tensor],
-                  valid: Optional[Tensor], mx: Tensor, s: Tensor, g_o0: Optional[Tensor], g_rest: Optional[Tensor],
-                  g_s: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _phase1_bwd(kernels(), values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s)
+def phase1_bwd_op(values: list[Tensor], q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], mx: list[Tensor],
+                  s: list[Tensor], g_o: list[Optional[Tensor]], g_s: list[Optional[Tensor]],
+                  g_qc: list[Optional[Tensor]]) -> tuple[Tensor, Tensor]:
+    return _phase1_bwd(kernels(), values, q, bias, valid, mx, s, g_o, g_s, g_qc)
 
 
 @phase1_bwd_op.register_fake
-def _(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s):
-    v0, n, m = values[0], len(values), q.shape[0]
-    return (v0.new_empty((n, *v0.shape)), v0.new_empty((n, *v0.shape[:-1]), dtype=torch.float32),
-            q.new_empty((m, v0.shape[-1]), dtype=torch.float32),
-            q.new_empty((0,) if bias is None else (m, n), dtype=torch.float32))
+def _(values, q, bias, valid, mx, s, g_o, g_s, g_qc):
+    v0, n, (m, d) = values[0], len(values), q.shape
+    return (v0.new_empty((n, *v0.shape)), q.new_empty((m * d + (0 if bias is None else m * n),), dtype=torch.float32))
 
 
 def _phase1_setup(ctx, inputs, output):
-    values, inv, q, bias, valid, _ = inputs
-    ctx.n = len(values)
+    values, q, bias, valid, write_o, write_q = inputs
+    m = q.shape[0]
+    ctx.n, ctx.m, ctx.write_o, ctx.write_q = len(values), m, write_o, write_q
     ctx.dtypes = [v.dtype for v in values]
-    ctx.save_for_backward(q, bias, valid, output[2], output[3], *values, *inv)
+    ctx.set_materialize_grads(False)  # an output nobody read has no gradient, not a zero tensor
+    stats = output[m:3 * m] if write_o else output[:2 * m]
+    ctx.save_for_backward(q, bias, valid, *stats, *values)
 
 
-def _phase1_backward(ctx, g_o0, g_rest, g_mx, g_s):
-    q, bias, valid, mx, s, *rest = ctx.saved_tensors
-    values, inv = rest[:ctx.n], rest[ctx.n:]
-    g_o0, g_rest = (None if g is None or g.numel() == 0 else g for g in (g_o0, g_rest))
-    g_v, g_r, g_q, g_b = phase1_bwd_op(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s)
+def _phase1_backward(ctx, grads):
+    n, m = ctx.n, ctx.m
+    q, bias, valid, *rest = ctx.saved_tensors
+    mx, s, values = rest[:m], rest[m:2 * m], rest[2 * m:]
+    grads = list(grads)
+    g_o = grads[:m] if ctx.write_o else []
+    g_s = grads[len(g_o) + m:len(g_o) + 2 * m]
+    g_qc = grads[len(g_o) + 2 * m:] if ctx.write_q else []
+    g_v, g_qb = phase1_bwd_op(values, q, bias, valid, list(mx), list(s), g_o, g_s, g_qc)
+    d = q.shape[1]
+    g_q = g_qb[:m * d].view(m, d).to(q.dtype)
+    g_b = None if bias is None else g_qb[m * d:].view(m, n).to(bias.dtype)
     gv = [g.to(dt) for g, dt in zip(g_v.unbind(0), ctx.dtypes)]
-    return (gv, list(g_r.unbind(0)), g_q.to(q.dtype), None if bias is None else g_b.to(bias.dtype), None, None)
+    return gv, g_q, g_b, None, None, None
 
 
 phase1_op.register_autograd(_phase1_backward, setup_context=_phase1_setup)
@@ -171,17 +140,15 @@ def _(o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_s
 
 
 def _phase2_bwd(mod, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale):
-    g_o, g_s, g_p, g_d, g_q, g_b = run_phase2_bwd(
-        mod, g, h.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(),
-        None if bias is None else bias.contiguous(), contiguous_all(updates),
-        None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale)
-    return g_o, g_s, g_p, g_d, g_q, g_q.new_zeros((0,)) if g_b is None else g_b
+    return run_phase2_bwd(mod, g, h.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(),
+                          None if bias is None else bias.contiguous(), contiguous_all(updates),
+                          None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale)
 
 
 @torch.library.custom_op("routerbench::fused_phase2_bwd", mutates_args=())
 def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Optional[Tensor],
                   updates: list[Tensor], coef_t: Optional[Tensor], bits: int, k_lo: int, n_kinds: int, K: int,
-                  max_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  max_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return _phase2_bwd(kernels(), g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale)
 
 
@@ -189,8 +156,7 @@ def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: 
 def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale):
     u0 = updates[0]
     return (torch.empty_like(h, memory_format=torch.contiguous_format), mx.new_empty(mx.shape),
-            u0.new_empty(u0.shape), u0.new_empty((K, *u0.shape)), mx.new_empty((q.shape[-1],)),
-            mx.new_empty((0,) if bias is None else (K,)))
+            u0.new_empty(u0.shape), u0.new_empty((K, *u0.shape)), mx.new_empty((q.shape[-1] + pow2(max(K, 2)),)))
 
 
 def _phase2_setup(ctx, inputs, output):
@@ -203,9 +169,11 @@ def _phase2_setup(ctx, inputs, output):
 def _phase2_backward(ctx, g):
     K, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype, d_dtypes = ctx.meta
     h, mx, s, q, bias, coef_t, *updates = ctx.saved_tensors
-    g_o, g_s, g_p, g_d, g_q, g_b = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
-                                                 max_scale)
-    return (g_o.to(o_dtype), None, g_s, g_q.to(q.dtype), g_p.to(p_dtype),
+    g_o, g_s, g_p, g_d, g_qb = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
+                                             max_scale)
+    d = q.shape[-1]
+    g_q, g_b = g_qb[:d].to(q.dtype), g_qb[d:d + K]
+    return (g_o.to(o_dtype), None, g_s, g_q, g_p.to(p_dtype),
             [g.to(dt) for g, dt in zip(g_d.unbind(0), d_dtypes)],
             None if bias is None else g_b.to(bias.dtype), [None] * U, None, None, None, None, None)
 
@@ -215,36 +183,37 @@ phase2_op.register_autograd(_phase2_backward, setup_context=_phase2_setup)
 
 #: Each custom op's implementation, with the kernels module as its first argument: what a launch
 #: recorder runs in place of the op (``harness.costs.step_costs``), its launches recorded, not run.
-IMPLEMENTATIONS = {"routerbench::fused_inv_rms": _inv_rms, "routerbench::fused_inv_rms_bwd": _inv_rms_bwd,
-                   "routerbench::fused_phase1": _phase1, "routerbench::fused_phase1_bwd": _phase1_bwd,
+IMPLEMENTATIONS = {"routerbench::fused_phase1": _phase1, "routerbench::fused_phase1_bwd": _phase1_bwd,
                    "routerbench::fused_phase2": _phase2, "routerbench::fused_phase2_bwd": _phase2_bwd}
 
 
 # --- the Phases of the two-phase schedule ----------------------------------------------------
 
 def inv_rms(v: Tensor) -> Tensor:
-    """:func:`routers.block.phases.inv_rms` through ``fused_inv_rms`` (float32 whatever v's dtype)."""
-    return inv_rms_op(v, EPS)
+    """No inverse RMS is cached: phase 1's kernels compute each key's where they load its row. The
+    schedule's slot for it holds a float32 tensor of no elements (an allocation, no launch)."""
+    return v.new_empty((0,), dtype=torch.float32)
 
 
 def phase1(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
-           valid: Tensor | None, scope: object = None) -> tuple[tuple[Tensor, ...], Tensor, Tensor]:
-    """:func:`routers.block.phases.phase1` through ``fused_phase1``: ((o_0, …, o_{m−1}) each
-    (B, T, d), μ (m, B, T) detached, s (m, B, T)); a pool of one source gives that source's views
-    as the outputs (``lean.phase1``). ``scope`` is unused: the recompute is inside the kernels."""
-    m = q.shape[0]
-    if len(values) == 1:
-        _, _, mx, s = phase1_op(list(values), list(inv), q, bias, valid, False)
-        return tuple(values[0].view_as(values[0]) for _ in range(m)), mx.detach(), s
-    o0, rest, mx, s = phase1_op(list(values), list(inv), q, bias, valid, True)
-    return (o0, *rest.unbind(0)), mx.detach(), s
+           valid: Tensor | None, scope: object = None, write_q: bool = True) -> tuple[tuple[Tensor, ...], ...]:
+    """:func:`routers.block.phases.phase1` through ``fused_phase1``: each query's tensors of its own,
+    (o_0, …, o_{m−1}) each (B, T, d), (μ_i) detached and (s_i) each (B, T), and (``write_q``) the
+    queries' float32 copies (d,) that phase 2 takes (:data:`FUSED` passes them on), so a query's
+    gradient returns through this op, not by a select of the parameter per read. A pool of one
+    source gives that source's views as the outputs (``lean.phase1``). ``scope`` is unused: the
+    recompute is inside the kernels."""
+    m, n = q.shape[0], len(values)
+    out = phase1_op(list(values), q, bias, valid, n > 1, write_q)
+    o = tuple(out[:m]) if n > 1 else tuple(values[0].view_as(values[0]) for _ in range(m))
+    stats = out[m:] if n > 1 else out
+    return o, tuple(x.detach() for x in stats[:m]), tuple(stats[m:2 * m]), tuple(stats[2 * m:])
 
 
 def readout(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
             valid: Tensor | None, scope: object = None) -> Tensor:
     """:func:`routers.block.phases.readout` as one query of :func:`phase1`."""
-    o, _, _ = phase1(q[None], None if bias is None else bias[None], values, inv, valid, scope)
-    return o[0]
+    return phase1(q[None], None if bias is None else bias[None], values, inv, valid, scope, write_q=False)[0][0]
 
 
 def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
@@ -262,8 +231,9 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
 
 
 #: ``fused``: the two-phase schedule through the custom ops above (it keeps the block's updates,
-#: as ``lean``, to rebuild P and the details in phase 2's backward).
-FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True)
+#: as ``lean``, to rebuild P and the details in phase 2's backward, and its phase 1 passes each
+#: query on to phase 2).
+FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True, passes_queries=True)
 
 
 def _reason() -> str | None:

@@ -49,16 +49,6 @@ def _es(t: Tensor) -> int:
     return t.element_size()
 
 
-def inv_rms_fwd(grid, v, r, R, d, eps, R_BUCKET, BLOCK_R, BLOCK_D) -> Moved:
-    """Reads v (R, d), writes r (R,)."""
-    return Moved(R * d * _es(v), R * _es(r))
-
-
-def inv_rms_bwd(grid, v, r, g, gv, R, d, R_BUCKET, BLOCK_R, BLOCK_D) -> Moved:
-    """Reads v, r and g; writes gv (R, d)."""
-    return Moved(R * (d * _es(v) + _es(r) + _es(g)), R * d * _es(gv))
-
-
 def phase2_fwd(grid, o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET, K, HAS_BIAS, BLOCK_K,
                BLOCK_D) -> Moved:
     """Per row: o, P and the K details (d each), μ and s; q and the K biases (parameters, every
@@ -68,8 +58,8 @@ def phase2_fwd(grid, o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_B
     return Moved(read, R * d * _es(h), R * params, params)
 
 
-def phase2_bwd(grid, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq_part,
-               gb_part, R, d, eps, max_scale, rows_per_prog, R_BUCKET, K, U, HAS_BIAS, HAS_COEF_T, BLOCK_K,
+def phase2_bwd(grid, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
+               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K, U, HAS_BIAS, HAS_COEF_T, BLOCK_K,
                BLOCK_D) -> Moved:
     """q once per program; per live row the U updates (P and the details are rebuilt from them), g,
     h, μ, s; per row the program loops over, live or not, the K biases and the (U, K) coefficients
@@ -82,7 +72,7 @@ def phase2_bwd(grid, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds,
     param_bytes = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
     read = R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h)) + _es(mx) + _es(s)) + param_loads
     write = (R * (d * (_es(g_o) + _es(g_p) + K * _es(g_d)) + _es(g_s))
-             + progs * (d * _es(gq_part) + (BLOCK_K * _es(gb_part) if HAS_BIAS else 0)))
+             + progs * (d + (BLOCK_K if HAS_BIAS else 0)) * _es(part))
     return Moved(read, write, param_loads, param_bytes)
 
 
@@ -90,54 +80,69 @@ def _groups(grid) -> int:
     return grid[1]
 
 
-def _pool(R, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, groups) -> tuple[int, int, int]:
+def _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups) -> tuple[int, int, int]:
     """(bytes read, parameter loads, parameter bytes) of a phase-1 pass over the N sources: each
-    program (row, group) loads every source's row and inverse RMS, the bias of its queries and the
-    pad flag of each source."""
-    src = R * groups * sum(d * _es(v) + _es(r) for v, r in zip(values, inv))
+    program (row, group) loads every source's row (its inverse RMS is computed from it), the bias
+    of its queries and the pad flag of each source."""
+    src = R * groups * sum(d * _es(v) for v in values)
     p_loads = (R * n_q * N * _es(bias) if HAS_BIAS else 0) + (R * groups * N * _es(valid) if HAS_VALID else 0)
     p_bytes = (n_q * N * _es(bias) if HAS_BIAS else 0) + (N * _es(valid) if HAS_VALID else 0)
     return src + p_loads, p_loads, p_bytes
 
 
-def phase1_fwd(grid, values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, R_BUCKET, N, HAS_BIAS, HAS_VALID,
-               WRITE_O, BLOCK_M, BLOCK_D) -> Moved:
-    """Per row: each query once (parameters) and the pool once per group of queries; writes μ, s and
-    (``WRITE_O``) the m outputs."""
-    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
+def _present(ts, bits: int, d: int = 1) -> int:
+    """Bytes of one (d,) row (or one entry, d = 1) of each per-query tensor whose bit is set."""
+    return sum(d * _es(t) for j, t in enumerate(ts) if (bits >> j) & 1)
+
+
+def phase1_fwd(grid, values, q, bias, valid, o, mx, s, qc, R, d, eps, n_q, R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID,
+               WRITE_O, WRITE_Q, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row: each query once (parameters) and the pool once per group of queries; writes each
+    query's μ, s and (``WRITE_O``) output, and once (``WRITE_Q``) each query's float32 copy."""
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
     q_loads = R * n_q * d * _es(q)
-    write = R * n_q * (_es(mx) + _es(s) + (d * _es(o0) if WRITE_O else 0))
+    write = (R * (_present(mx, -1) + _present(s, -1) + (_present(o, -1, d) if WRITE_O else 0))
+             + (_present(qc, -1, d) if WRITE_Q else 0))
     return Moved(pool + q_loads, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd_dot(grid, values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d, n_q, R_BUCKET, N, HAS_BIAS,
-                   HAS_VALID, BLOCK_M, BLOCK_D) -> Moved:
-    """Per row: the queries (parameters), their μ, s and output gradients, and the pool once per
-    group; writes g_dot (m)."""
-    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
+def phase1_bwd_dot(grid, values, q, bias, valid, mx, s, g_o, g_dot, R, d, eps, n_q, R_BUCKET, N, NQ, HAS_BIAS,
+                   HAS_VALID, GO_BITS, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row: the queries (parameters), their μ, s and given output gradients, and the pool once
+    per group; writes g_dot (m)."""
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
     q_loads = R * n_q * d * _es(q)
-    read = pool + q_loads + R * n_q * (_es(mx) + _es(s) + d * _es(g_o0))
+    read = pool + q_loads + R * (_present(mx, -1) + _present(s, -1) + _present(g_o, GO_BITS, d))
     return Moved(read, R * n_q * _es(g_dot), p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd(grid, values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v, g_r, g_l, R, d, n_q,
-               row0, RC, R_BUCKET, N, HAS_BIAS, HAS_VALID, HAS_GO, HAS_GS, BLOCK_M, BLOCK_D) -> Moved:
-    """Per row of the launch (``grid[0]`` rows from ``row0``): the queries (parameters), μ, s, ∂s
-    (``HAS_GS``), the output gradients and g_dot (``HAS_GO``), and the pool once per group; writes
-    per group and source ∂V (d) and ∂r, and gℓ (N, m)."""
+def phase1_bwd(grid, values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l, R, d, eps, n_q, row0, RC,
+               R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID, GO_BITS, GS_BITS, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row of the launch (``grid[0]`` rows from ``row0``): the queries (parameters), μ, s, the
+    given ∂s and output gradients, g_dot (with an output gradient), and the pool once per group;
+    writes per group and source ∂V (d), and gℓ (N, m)."""
     rows, groups = grid[0], _groups(grid)
-    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, inv, bias, valid, HAS_BIAS, HAS_VALID, groups)
+    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups)
     q_loads = rows * n_q * d * _es(q)
-    read = (pool + q_loads + rows * n_q * (_es(mx) + _es(s) + (_es(g_s) if HAS_GS else 0)
-                                          + ((d * _es(g_o0) + _es(g_dot)) if HAS_GO else 0)))
-    write = rows * (groups * N * (d * _es(g_v) + _es(g_r)) + N * n_q * _es(g_l))
+    read = (pool + q_loads + rows * (_present(mx, -1) + _present(s, -1) + _present(g_s, GS_BITS)
+                                     + (_present(g_o, GO_BITS, d) + n_q * _es(g_dot) if GO_BITS else 0)))
+    write = rows * (groups * N * d * _es(g_v) + N * n_q * _es(g_l))
     return Moved(read, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
+def phase1_bwd_q(grid, values, g_l, g_qc, part, R, d, eps, n_q, width, rows_per_prog, R_BUCKET, N, NQ, GQ_BITS,
+                 HAS_BIAS, BLOCK_M, BLOCK_D) -> Moved:
+    """Per row: the pool once per group of queries, gℓ (N, m); once, the given
+    query copies' gradients; writes per program its partial ∂q (m, d) and ∂bias (m, N) in float32."""
+    groups = _groups(grid)
+    read = R * (groups * sum(d * _es(v) for v in values) + N * n_q * _es(g_l))
+    return Moved(read + _present(g_qc, GQ_BITS, d), grid[0] * width * _es(part))
+
+
 #: kernel name -> its byte model
-MODELS = {"inv_rms_fwd": inv_rms_fwd, "inv_rms_bwd": inv_rms_bwd, "phase2_fwd": phase2_fwd,
+MODELS = {"phase2_fwd": phase2_fwd,
           "phase2_bwd": phase2_bwd, "phase1_fwd": phase1_fwd, "phase1_bwd_dot": phase1_bwd_dot,
-          "phase1_bwd": phase1_bwd}
+          "phase1_bwd": phase1_bwd, "phase1_bwd_q": phase1_bwd_q}
 
 
 def autotune_key(name: str, args: tuple, kwargs: dict) -> tuple:

@@ -1,6 +1,7 @@
 """Triton kernels of the ``fused`` two-phase schedule (Attention Residuals, arXiv:2603.15031;
-WAV v1 / HAARES, arXiv:2606.06564): the inverse RMS of a source, phase 2 (the online merge of one
-read) and phase 1 (a block's m pseudo-queries over the completed pool), each forward and backward.
+WAV v1 / HAARES, arXiv:2606.06564): phase 2 (the online merge of one read) and phase 1 (a block's
+m pseudo-queries over the completed pool, each source's key inverse RMS computed where its row is
+loaded), each forward and backward.
 
 ``routers/block/fused.py`` launches them as ``torch.library`` custom ops; this module imports
 Triton at import and is loaded only by those launches and by the tests.
@@ -15,15 +16,16 @@ Conventions of every kernel:
   tuple length), never stacked into one tensor (a stack would cost a write and a read of the pool);
 - loads are converted to float32 and every dot, norm and softmax statistic in a kernel accumulates
   in float32 (row-wise products and ``tl.sum``, no ``tl.dot``: no TF32 on any device); outputs
-  are stored in their tensor's dtype (the second stage of phase 1's ∂/∂q is a torch matmul,
-  ``fused_launch.run_phase1_bwd``);
+  are stored in their tensor's dtype;
 - a logit of a pad (``valid`` 0) is −inf, and a row whose every logit is −inf gives o = 0, μ = −inf,
   s = 0 and zero gradients, never NaN (the max is replaced by 0 where it is −inf);
 - a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage, never atomic (the autotuner
-  re-runs a kernel, and an atomic would add twice): phase 2's backward writes each program's
-  partial sum over its rows; phase 1's writes per row the logits' gradient gℓ (n·m floats), which
-  the launcher contracts with the sources (a row loop there, over an unrolled loop of n sources,
-  keeps every source's addresses live across it and spills on sm_90: tests/fused_compile.py).
+  re-runs a kernel, and an atomic would add twice): phase 2's backward and phase 1's ∂/∂q kernel
+  (:func:`phase1_bwd_q`, from the logits' gradient gℓ (n·m floats per row) that phase 1's backward
+  writes) write each program's partial sums over its rows as one float32 row, which the launcher
+  sums in one torch reduction (a row loop inside phase 1's backward, over an unrolled loop of n
+  sources, would keep every source's addresses live across it and spill on sm_90:
+  tests/fused_compile.py; :func:`phase1_bwd_q` loops over the sources outside its row loop).
 """
 
 from __future__ import annotations
@@ -36,27 +38,10 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def inv_rms_fwd(v, r, R, d, eps, R_BUCKET, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """r[row] = rsqrt(mean(v[row]²) + eps) for BLOCK_R rows of v (R, d)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < R)[:, None] & (cols < d)[None, :]
-    x = tl.load(v + rows[:, None] * d + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(r + rows, tl.rsqrt(tl.sum(x * x, axis=1) / d + eps), mask=rows < R)
-
-
-@triton.jit
-def inv_rms_bwd(v, r, g, gv, R, d, R_BUCKET, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """gv = −g·r³·v/d (the gradient of :func:`inv_rms_fwd`, from v and the saved r)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    live = rows < R
-    mask = live[:, None] & (cols < d)[None, :]
-    offs = rows[:, None] * d + cols[None, :]
-    x = tl.load(v + offs, mask=mask, other=0.0).to(tl.float32)
-    rr = tl.load(r + rows, mask=live, other=0.0)
-    coef = -tl.load(g + rows, mask=live, other=0.0) * rr * rr * rr / d
-    tl.store(gv + offs, (coef[:, None] * x).to(gv.dtype.element_ty), mask=mask)
+def _inv_rms(v, d, eps):
+    """The key's inverse RMS rsqrt(mean(v²) + ε) of one source row v (BLOCK_D,) float32 (zero past
+    d): computed where the row is loaded, never stored (no pass of its own, forward or backward)."""
+    return tl.rsqrt(tl.sum(v * v, axis=0) / d + eps)
 
 
 @triton.jit
@@ -118,7 +103,7 @@ def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET,
 
 
 @triton.jit(do_not_specialize=["bits"])
-def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, gq_part, gb_part,
+def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
                R, d, eps, max_scale, rows_per_prog, R_BUCKET, K: tl.constexpr, U: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows: P and the details are
@@ -127,7 +112,9 @@ def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, 
     i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). The gain c is a constant
     here, as it is detached in ``routers.block.phases.merge``. With every weight w:
     gℓ_S = w_S(g·S − g·h) for S = P, c·D; ∂/∂o = w_o·g; ∂/∂s = −Σ gℓ / s; ∂/∂S = w_S·g + k_q·q + k_s·S
-    with k_q = gℓ·c·ρ and k_s = −k_q·c²·t·ρ²/d. ∂/∂q and ∂/∂bias: this program's partial sums."""
+    with k_q = gℓ·c·ρ and k_s = −k_q·c²·t·ρ²/d. ∂/∂q and ∂/∂bias: this program's partial sums, one
+    row of ``part`` (programs, d + BLOCK_K) float32 (∂/∂q, then ∂/∂bias), which the launcher sums
+    in one reduction."""
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     cm = cols < d
@@ -177,9 +164,9 @@ def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, 
                  mask=km[:, None] & lm[None, :])
         gq += kq_p * Pv + tl.sum(kq_d[:, None] * Dt, axis=0)
         gb += gl_d
-    tl.store(gq_part + pid * d + cols, gq, mask=cm)
+    tl.store(part + pid * (d + BLOCK_K) + cols, gq, mask=cm)
     if HAS_BIAS:
-        tl.store(gb_part + pid * BLOCK_K + kk, gb)
+        tl.store(part + pid * (d + BLOCK_K) + d + kk, gb)
 
 
 @triton.jit
@@ -196,16 +183,61 @@ def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.cons
 
 
 @triton.jit
-def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, R_BUCKET, N: tl.constexpr,
-               HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr,
+def _pick(x, mi, j, ROWS: tl.constexpr):
+    """Query j's row of a (BLOCK_M, BLOCK_D) tile (``ROWS``), or its entry of a (BLOCK_M,) vector."""
+    if ROWS:
+        return tl.sum(tl.where((mi == j)[:, None], x, 0.0), axis=0)
+    return tl.sum(tl.where(mi == j, x, 0.0), axis=0)
+
+
+@triton.jit
+def _gather(ptrs, row, d, cols, cm, mi, grp, other, NQ: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The per-query tensors ``ptrs`` (a tuple of NQ, one per query; those whose bit of ``BITS`` is 0
+    are absent) of this program's queries ``mi`` at ``row``: their (d,) rows as a (BLOCK_M, BLOCK_D)
+    float32 tile (``ROWS``) or their (R,) entries as a (BLOCK_M,) vector, ``other`` where absent.
+    Only the program's own group of queries is loaded."""
+    if ROWS:
+        out = tl.zeros((BLOCK_M, BLOCK_D), tl.float32) + other
+    else:
+        out = tl.zeros((BLOCK_M,), tl.float32) + other
+    for j in tl.static_range(NQ):
+        if (BITS >> j) & 1:
+            if j // BLOCK_M == grp:
+                if ROWS:
+                    x = tl.load(ptrs[j] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+                    out = tl.where((mi == j)[:, None], x[None, :], out)
+                else:
+                    out = tl.where(mi == j, tl.load(ptrs[j] + row).to(tl.float32), out)
+    return out
+
+
+@triton.jit
+def _scatter(ptrs, x, row, d, cols, cm, mi, grp, NQ: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Store each of this program's queries' entry of ``x`` ((BLOCK_M, BLOCK_D) rows with ``ROWS``,
+    else (BLOCK_M,)) into its own tensor of the tuple ``ptrs`` at ``row``."""
+    for j in tl.static_range(NQ):
+        if j // BLOCK_M == grp:
+            if ROWS:
+                tl.store(ptrs[j] + row * d + cols, _pick(x, mi, j, True).to(ptrs[j].dtype.element_ty), mask=cm)
+            else:
+                tl.store(ptrs[j] + row, _pick(x, mi, j, False).to(ptrs[j].dtype.element_ty))
+
+
+@triton.jit
+def phase1_fwd(values, q, bias, valid, o, mx, s, qc, R, d, eps, n_q, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr, WRITE_Q: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """m = n_q queries q (m, d) over the N sources of one token row, by online softmax in one pass
-    over the sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; the
+    """m = n_q = NQ queries q (m, d) over the N sources of one token row, by online softmax in one
+    pass over the sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; the
     launcher keeps a program's BLOCK_M × BLOCK_D float32 tiles at 4,096 floats, past which they
-    spill on sm_90): o_i (query 0 into o0 (R, d), the rest into o_rest (m − 1, R, d), unless
-    ``WRITE_O`` is off), μ_i the max and s_i the sum of exp(logit − μ_i) into mx, s (m, R)."""
+    spill on sm_90). Each query's results go to tensors of its own (tuples of m): o_i (R, d) unless
+    ``WRITE_O`` is off, μ_i the max and s_i the sum of exp(logit − μ_i) (R,), and with ``WRITE_Q``
+    the programs of row 0 copy q_i into qc_i (d,) float32 (the query phase 2 takes, so that its
+    gradient returns through this op's backward)."""
     row = tl.program_id(0).to(tl.int64)
-    mi = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    grp = tl.program_id(1).to(tl.int64)
+    mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
@@ -215,7 +247,7 @@ def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, R_BUCK
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        logit, _ = _logits(Q, v, tl.load(inv[i] + row), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        logit, _ = _logits(Q, v, _inv_rms(v, d, eps), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
         m_new = tl.maximum(m_run, logit)
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         alpha = tl.exp(m_run - m_safe)
@@ -224,48 +256,43 @@ def phase1_fwd(values, inv, q, bias, valid, o0, o_rest, mx, s, R, d, n_q, R_BUCK
         if WRITE_O:
             acc = acc * alpha[:, None] + p[:, None] * v[None, :]
         m_run = m_new
-    tl.store(mx + mi * R + row, m_run, mask=mm)
-    tl.store(s + mi * R + row, s_run, mask=mm)
+    _scatter(mx, m_run, row, d, cols, cm, mi, grp, NQ, False, BLOCK_M)
+    _scatter(s, s_run, row, d, cols, cm, mi, grp, NQ, False, BLOCK_M)
     if WRITE_O:
-        out = acc / tl.where(s_run == 0.0, 1.0, s_run)[:, None]
-        first = mi[:, None] == 0
-        ptr = tl.where(first, o0 + row * d + cols[None, :], o_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
-        tl.store(ptr, out.to(o0.dtype.element_ty), mask=mm[:, None] & cm[None, :])
+        _scatter(o, acc / tl.where(s_run == 0.0, 1.0, s_run)[:, None], row, d, cols, cm, mi, grp, NQ, True, BLOCK_M)
+    if WRITE_Q:
+        if row == 0:
+            _scatter(qc, Q, row, 0, cols, cm, mi, grp, NQ, True, BLOCK_M)
 
 
 @triton.jit
-def _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, R, d):
-    """The queries ``mi`` (BLOCK_M, BLOCK_D) and their phase-1 statistics at ``row``: μ (−inf
-    replaced by 0), s, and s with 0 replaced by 1 (a fully masked row)."""
+def _queries_and_stats(q, mx, s, mi, mm, grp, cols, cm, row, d, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """The queries ``mi`` (BLOCK_M, BLOCK_D) and their phase-1 statistics at ``row`` (μ and s: tuples
+    of m tensors (R,)): μ (−inf replaced by 0), s, and s with 0 replaced by 1 (a fully masked row)."""
     Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    mu = tl.load(mx + mi * R + row, mask=mm, other=0.0)
-    sv = tl.load(s + mi * R + row, mask=mm, other=1.0)
+    mu = _gather(mx, row, d, cols, cm, mi, grp, 0.0, NQ, (1 << NQ) - 1, False, BLOCK_M, BLOCK_D)
+    sv = _gather(s, row, d, cols, cm, mi, grp, 1.0, NQ, (1 << NQ) - 1, False, BLOCK_M, BLOCK_D)
     return Q, tl.where(mu == NEG_INF, 0.0, mu), sv, tl.where(sv == 0.0, 1.0, sv)
 
 
 @triton.jit
-def _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d):
-    """The gradients of the outputs ``mi`` at ``row`` (BLOCK_M, BLOCK_D): query 0's from g_o0
-    (R, d), the others' from g_rest (m − 1, R, d)."""
-    ptr = tl.where(mi[:, None] == 0, g_o0 + row * d + cols[None, :],
-                   g_rest + (mi[:, None] - 1) * R * d + row * d + cols[None, :])
-    return tl.load(ptr, mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v, g_r, g_l,
-               R, d, n_q, row0, RC, R_BUCKET, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr,
-               HAS_GO: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def phase1_bwd(values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
+               R, d, eps, n_q, row0, RC, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_VALID: tl.constexpr, GO_BITS: tl.constexpr, GS_BITS: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_D: tl.constexpr):
     """The gradient of :func:`phase1_fwd` for one token row and BLOCK_M queries (program (row, g)
     as :func:`phase1_fwd`), recomputed from the sources, their inverse RMS and the float32 μ, s:
     β = exp(ℓ − μ)/s, gℓ = β(g_o·V − g_dot) + β·s·g_s with g_dot = Σβ g_o·V from
     :func:`phase1_bwd_dot` (a pass of its own: in one kernel the compiler keeps every source's row
-    live from one pass to the next, and spills). Writes ∂/∂V_i = Σ_m β g_o + (gℓ·r) q into
-    g_v[g, i] (groups, N, R, d) and ∂/∂r_i = Σ_m gℓ·(q·V_i) into g_r[g, i] (groups, N, R), each
-    summed over the queries of its group (the launcher sums the groups), and gℓ into g_l (N, m, R),
-    from which the launcher sums ∂/∂q = Σ (gℓ·r) V and ∂/∂bias = Σ gℓ over the rows (a loop over
-    rows here would keep each source's addresses live across it, and spill). A launch covers the
-    rows row0 … row0 + programs − 1, and g_v and g_r hold RC rows from row0 (the launcher's chunk)."""
+    live from one pass to the next, and spills). g_o and g_s are tuples of m, query i's present
+    where bit i of ``GO_BITS`` / ``GS_BITS`` is set. Writes ∂/∂V_i = Σ_m β g_o + (gℓ·r) q −
+    (Σ_m gℓ·(q·V_i))·r³·V_i/d (the last term through the key's inverse RMS r, recomputed here) into
+    g_v[g, i] (groups, N, R, d), summed over the queries of its group (the launcher sums the
+    groups), and gℓ into g_l (N, m, R),
+    from which :func:`phase1_bwd_q` sums ∂/∂q and ∂/∂bias over the rows (a loop over rows here
+    would keep each source's addresses live across it, and spill). A launch covers the rows
+    row0 … row0 + programs − 1, and g_v holds RC rows from row0 (the launcher's chunk)."""
     row = row0 + tl.program_id(0).to(tl.int64)
     lrow = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1).to(tl.int64)
@@ -273,45 +300,78 @@ def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_s, g_dot, g_v
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
-    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, R, d)
-    if HAS_GS:
-        gs = tl.load(g_s + mi * R + row, mask=mm, other=0.0)
-    else:
-        gs = tl.zeros((BLOCK_M,), tl.float32)
-    if HAS_GO:
-        G = _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d)
+    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, grp, cols, cm, row, d, NQ, BLOCK_M, BLOCK_D)
+    gs = _gather(g_s, row, d, cols, cm, mi, grp, 0.0, NQ, GS_BITS, False, BLOCK_M, BLOCK_D)
+    if GO_BITS != 0:
+        G = _gather(g_o, row, d, cols, cm, mi, grp, 0.0, NQ, GO_BITS, True, BLOCK_M, BLOCK_D)
         dsum = tl.load(g_dot + mi * R + row, mask=mm, other=0.0)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        rr = tl.load(inv[i] + row)
+        rr = _inv_rms(v, d, eps)
         logit, dot = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
         beta = tl.where(mm, tl.exp(logit - mu) / s_safe, 0.0)
         gl = beta * sv * gs
-        if HAS_GO:
+        if GO_BITS != 0:
             gl += beta * (tl.sum(G * v[None, :], axis=1) - dsum)
             gv = tl.sum(beta[:, None] * G + (gl * rr)[:, None] * Q, axis=0)
         else:
             gv = tl.sum((gl * rr)[:, None] * Q, axis=0)
+        gv -= tl.sum(gl * dot, axis=0) * rr * rr * rr / d * v  # through the key's inverse RMS
         tl.store(g_v + (grp * N + i) * RC * d + lrow * d + cols, gv.to(g_v.dtype.element_ty), mask=cm)
-        tl.store(g_r + (grp * N + i) * RC + lrow, tl.sum(gl * dot, axis=0))
         tl.store(g_l + (i * n_q + mi) * R + row, gl, mask=mm)
 
 
 @triton.jit
-def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o0, g_rest, g_dot, R, d, n_q, R_BUCKET, N: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def phase1_bwd_dot(values, q, bias, valid, mx, s, g_o, g_dot, R, d, eps, n_q, R_BUCKET, N: tl.constexpr,
+                   NQ: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, GO_BITS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_dot (m, R) = Σ_i β_i·(g_o·V_i) = g_o·o per query and row, recomputed from the sources (the
     first pass of :func:`phase1_bwd`; program (row, g) as :func:`phase1_fwd`)."""
     row = tl.program_id(0).to(tl.int64)
-    mi = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    grp = tl.program_id(1).to(tl.int64)
+    mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
-    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, R, d)
-    G = _output_grads(g_o0, g_rest, mi, mm, cols, cm, row, R, d)
+    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, grp, cols, cm, row, d, NQ, BLOCK_M, BLOCK_D)
+    G = _gather(g_o, row, d, cols, cm, mi, grp, 0.0, NQ, GO_BITS, True, BLOCK_M, BLOCK_D)
     acc = tl.zeros((BLOCK_M,), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        logit, _ = _logits(Q, v, tl.load(inv[i] + row), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        logit, _ = _logits(Q, v, _inv_rms(v, d, eps), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
         acc += tl.exp(logit - mu) / s_safe * tl.sum(G * v[None, :], axis=1)
     tl.store(g_dot + mi * R + row, acc, mask=mm)
+
+
+@triton.jit
+def phase1_bwd_q(values, g_l, g_qc, part, R, d, eps, n_q, width, rows_per_prog, R_BUCKET, N: tl.constexpr,
+                 NQ: tl.constexpr, GQ_BITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """This program's partial sums, over its ``rows_per_prog`` rows, of ∂/∂q = Σ_rows Σ_i (gℓ_i·r_i) V_i
+    (m, d) and ∂/∂bias = Σ_rows gℓ (m, N), from :func:`phase1_bwd`'s gℓ (N, m, R): one row of
+    ``part`` (programs, ``width`` = m·d, + m·N with a bias) float32, which the launcher sums in one reduction. Program
+    (p, g) takes the queries of group g; the sources are the outer loop, so one source's addresses
+    are live in the row loop. Program 0 adds the gradients of the query copies (``g_qc``, a tuple
+    of m (d,) float32, query i's present where bit i of ``GQ_BITS`` is set: phase 2's ∂/∂q)."""
+    pid = tl.program_id(0).to(tl.int64)
+    grp = tl.program_id(1).to(tl.int64)
+    mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    mm = mi < n_q
+    cm = cols < d
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if GQ_BITS != 0:
+        if pid == 0:
+            acc += _gather(g_qc, 0, 0, cols, cm, mi, grp, 0.0, NQ, GQ_BITS, True, BLOCK_M, BLOCK_D)
+    for i in tl.static_range(N):
+        gb = tl.zeros((BLOCK_M,), tl.float32)
+        for t in range(0, rows_per_prog):
+            row = pid * rows_per_prog + t
+            live = row < R
+            v = tl.load(values[i] + row * d + cols, mask=cm & live, other=0.0).to(tl.float32)
+            gl = tl.load(g_l + (i * n_q + mi) * R + row, mask=mm & live, other=0.0)
+            acc += (gl * _inv_rms(v, d, eps))[:, None] * v[None, :]
+            gb += gl
+        if HAS_BIAS:
+            tl.store(part + pid * width + n_q * d + mi * N + i, gb, mask=mm)
+    tl.store(part + pid * width + mi[:, None] * d + cols[None, :], acc, mask=mm[:, None] & cm[None, :])

@@ -188,13 +188,16 @@ class Phases(NamedTuple):
     """The math a two-phase router runs (``routers/block/two_phase.py``), one signature for every
     implementation: :func:`inv_rms`, :func:`phase1`, :func:`merge`, :func:`readout`, and whether
     its merge rebuilds P and the details from the block's updates (``lean``), which the state
-    then keeps."""
+    then keeps, and whether its phase 1 returns a fourth tuple, the m queries as phase 2 is to
+    take them (``fused``: copies whose gradients return through phase 1's backward), which the
+    state keeps in place of a select of the parameter per read."""
 
     inv_rms: Callable[[Tensor], Tensor]
     phase1: Callable[..., tuple]
     merge: Callable[..., Tensor]
     readout: Callable[..., Tensor]
     keeps_updates: bool = False
+    passes_queries: bool = False
 
 
 #: ``two_phase``: plain autograd of the functions above.

@@ -59,6 +59,8 @@ class TwoPhaseState(NamedTuple):
             the block's length − 1 led by them and filled with pads, with ``update_coefs``
             (length − 1, K) each one's detail coefficients (0 for a pad).
         zero: under the layer scope, the zero tensor every pad is a view of; else None.
+        block_q: the current block's m queries as its phase 1 passed them on, a tuple of m (d,)
+            (``Phases.passes_queries``), or None: phase 2 then takes the parameter's row.
     """
 
     values: tuple[Tensor, ...]
@@ -72,6 +74,7 @@ class TwoPhaseState(NamedTuple):
     updates: tuple[Tensor, ...] = ()
     update_coefs: Tensor | None = None
     zero: Tensor | None = None
+    block_q: tuple[Tensor, ...] | None = None
 
 
 def accumulate(partial: Tensor | None, details: tuple[Tensor, ...], update: Tensor,

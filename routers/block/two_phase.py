@@ -47,8 +47,13 @@ def init(r, e: Tensor, region: bool) -> TwoPhaseState:
     :func:`begin` pads it)."""
     inv = r.phases.inv_rms(e)
     valid = e.new_ones(1, dtype=torch.bool) if region else None
-    o, mx, s = r.phases.phase1(queries(r, r.plan.rows[1]), None, (e,), (inv,), valid, r.recompute_scope)
-    return TwoPhaseState((e,), (inv,), valid, None, (), o, mx, s)
+    o, mx, s, *qs = r.phases.phase1(queries(r, r.plan.rows[1]), None, (e,), (inv,), valid, r.recompute_scope)
+    return TwoPhaseState((e,), (inv,), valid, None, (), o, mx, s, block_q=_passed(r, qs))
+
+
+def _passed(r, qs: list) -> tuple | None:
+    """The queries phase 1 passed on (``Phases.passes_queries``), or None."""
+    return qs[0] if r.phases.passes_queries else None
 
 
 def begin(r, state: TwoPhaseState) -> TwoPhaseState:
@@ -75,7 +80,7 @@ def params(r, state: TwoPhaseState, slot, region: bool) -> tuple:
     if slot.last_in_block and k < len(r.slots) - 1:
         nxt_rows = plan.rows[slot.block + 1]
         nxt = (queries(r, nxt_rows), r.detail_bias[nxt_rows] if r.detail_kinds else None)
-    q = None if slot.pos == 0 else queries(r, k)
+    q = None if slot.pos == 0 else queries(r, k) if state.block_q is None else state.block_q[slot.pos]
     return (q, bias, coefs, *rows, *nxt, plan.coef_bits[k])
 
 
@@ -109,8 +114,8 @@ def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> Two
         values, inv, valid = _complete_padded(r, state, final, partial, details)
     if final:
         return TwoPhaseState(values, inv, valid, None, (), None, None, None, zero=state.zero)
-    o, mx, s = r.phases.phase1(p[6], _pool_bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
-    return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero)
+    o, mx, s, *qs = r.phases.phase1(p[6], _pool_bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
+    return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero, block_q=_passed(r, qs))
 
 
 def _keep(state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
