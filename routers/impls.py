@@ -118,11 +118,15 @@ class StateModel:
     schedule; only such a state has the layer scope's padded layout); ``keeps_updates``: it keeps
     the block's updates (lean, fused; block 1's phase-1 outputs are then e itself);
     ``first_output_apart``: o_0 of a block of m ≥ 2 is its own tensor beside the (m, B, T, d)
-    result (m + 1 tensors: lean)."""
+    result (m + 1 tensors: lean); ``key_rms_cached``: each completed source's inverse RMS is a
+    (B, T) statistic of the state (not where the kernels compute it from the row: fused);
+    ``query_copies``: the state keeps the block's m queries as (d,) float32 copies (fused)."""
 
     phase1: bool = False
     keeps_updates: bool = False
     first_output_apart: bool = False
+    key_rms_cached: bool = True
+    query_copies: bool = False
 
 
 #: What ``impl NAME …`` says of an impl without a region form (a peer's kernels), by default.

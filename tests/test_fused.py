@@ -146,16 +146,17 @@ def test_custom_ops_pass_opcheck():
     for t in x["values"] + [x["q"]] + x["updates"]:
         t.requires_grad_()
     x["bias"].requires_grad_()
-    _opcheck(fused.inv_rms_op, (x["values"][0], 1e-6))
-    _opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], x["bias"], None, True))
-    _opcheck(fused.phase1_op, (x["values"][:1], x["inv"][:1], x["q"], None, None, False))
+    _opcheck(fused.phase1_op, (x["values"], x["q"], x["bias"], None, True, True))
+    _opcheck(fused.phase1_op, (x["values"][:1], x["q"], None, None, False, True))
+    _opcheck(fused.phase1_op, (x["values"], x["q"], x["bias"], None, True, False))
     valid = torch.tensor([True, True, False], device=DEVICE)
-    _opcheck(fused.phase1_op, (x["values"], x["inv"], x["q"], None, valid, True))
-    o, _, mx, s = fused.phase1_op(x["values"], x["inv"], x["q"].detach(), None, None, True)
-    mx, s = mx[0].detach(), s[0]
-    _opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], x["details"], x["dbias"], x["updates"], None, x["bits"],
+    _opcheck(fused.phase1_op, (x["values"], x["q"], None, valid, True, True))
+    m = x["q"].shape[0]
+    out = fused.phase1_op(x["values"], x["q"].detach(), None, None, True, True)
+    o, mx, s, qc = out[0], out[m].detach(), out[2 * m], out[3 * m]
+    _opcheck(fused.phase2_op, (o, mx, s, qc, x["P"], x["details"], x["dbias"], x["updates"], None, x["bits"],
                                0, 2, 4.0))
-    _opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
+    _opcheck(fused.phase2_op, (o, mx, s, qc, x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
 
 
 def test_opcheck_fails_an_op_whose_fake_is_wrong():
@@ -203,12 +204,10 @@ def phase_error(mod) -> float:
     phase 2 with two detail kinds and their biases."""
     x = _phase_inputs(K=2, p=3)
     q = x["q"] * 40.0
-    inv = [fused_launch.run_inv_rms(mod, v) for v in x["values"]]
-    got = fused_launch.run_phase1(mod, x["values"], inv, q, x["bias"], None, True)
+    got = [torch.stack(t) for t in fused_launch.run_phase1(mod, x["values"], q, x["bias"], None, True, True)]
     o_ref, mx_ref, s_ref = phases.phase1(q, x["bias"], x["values"], x["inv"], None)
-    o_got = torch.cat((got[0][None], got[1]))
-    errs = [float((a - b).norm() / b.norm()) for a, b in ((o_got, o_ref), (got[2], mx_ref), (got[3], s_ref))]
-    errs.append(float((torch.stack(inv) - torch.stack(x["inv"])).norm() / torch.stack(x["inv"]).norm()))
+    errs = [float((a - b).norm() / b.norm()) for a, b in ((got[0], o_ref), (got[1], mx_ref), (got[2], s_ref),
+                                                          (got[3], q))]
     o, mx, s = (t[1].contiguous() for t in (o_ref, mx_ref, s_ref))
     mx = mx - 4.0  # o's weight lowered, so that the details' weights are not negligible
     dbias = torch.tensor([1.5, -2.0], device=DEVICE)  # -2: the detail bias's initial value
@@ -240,10 +239,10 @@ def test_phase1_in_query_groups_equals_plain():
     out = []
     for ph in (fused.FUSED, phases.PLAIN):
         inv = [ph.inv_rms(v) for v in values]
-        o, mx, s = ph.phase1(q, bias, values, inv, None)
-        o = torch.stack(tuple(o))
+        o, mx, s = ph.phase1(q, bias, values, inv, None)[:3]
+        o, s = torch.stack(tuple(o)), torch.stack(tuple(s))
         loss = (o * w).sum() + (s * w[:, :, :, 0]).sum()
-        out.append([o.detach(), mx, s.detach(), *torch.autograd.grad(loss, [*values, q, bias])])
+        out.append([o.detach(), torch.stack(tuple(mx)), s.detach(), *torch.autograd.grad(loss, [*values, q, bias])])
     for got, ref in zip(*out):
         assert float((got - ref).norm() / ref.norm()) < 1e-5
 
@@ -392,10 +391,11 @@ def test_a_fully_masked_pool_gives_zeros_and_finite_gradients_through_both_phase
     vals = [torch.randn(1, 2, D, generator=g).to(DEVICE).requires_grad_() for _ in range(3)]
     q = torch.randn(2, D, generator=g).to(DEVICE).requires_grad_()
     P = torch.randn(1, 2, D, generator=g).to(DEVICE).requires_grad_()
-    outs, mx, s = fused.phase1(q, None, vals, [fused.inv_rms(v) for v in vals], torch.zeros(3, dtype=torch.bool,
-                                                                                             device=DEVICE))
+    outs, mx, s, qc = fused.phase1(q, None, vals, [fused.inv_rms(v) for v in vals],
+                                   torch.zeros(3, dtype=torch.bool, device=DEVICE))
+    mx, s = torch.stack(mx), torch.stack(s)
     assert float(outs[0].abs().max()) == 0.0 and bool((mx == float("-inf")).all()) and float(s.abs().max()) == 0.0
-    h = fused.merge(outs[0], mx[0], s[0], q[0], P, [], None, 4.0, updates=[P], coefs=0, kinds=slice(0, 0))
+    h = fused.merge(outs[0], mx[0], s[0], qc[0], P, [], None, 4.0, updates=[P], coefs=0, kinds=slice(0, 0))
     torch.testing.assert_close(h, P)  # o has no weight: h is P
     (h * torch.randn(h.shape, generator=g).to(DEVICE)).sum().backward()
     for t in (*vals, q, P):

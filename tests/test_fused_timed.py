@@ -56,15 +56,14 @@ def counted_launches(monkeypatch):
 @pytest.mark.parametrize("region", [False, True], ids=["exact_pool", "padded_pool"])
 @pytest.mark.parametrize("name", sorted(DETAILS))
 def test_each_kernels_byte_model_is_what_the_interpreter_counts(counted_launches, name, region, dtype, monkeypatch):
-    """Forward and backward of every router at a tiny shape, phase 2's backward over 2 rows per
-    program (MAX_PROGRAMS 4 over 6 rows) and phase 1 in query groups (a query block of 2): every
+    """Forward and backward of every router at a tiny shape, phase 2's backward and phase 1's ∂q over
+    2 rows per program (MAX_PROGRAMS 4 over 6 rows) and phase 1 in query groups (a query block of 2): every
     launch moves, load for load and store for store, the bytes its model declares."""
     monkeypatch.setattr(fused_launch, "MAX_PROGRAMS", 4)
     monkeypatch.setattr(fused_launch, "query_block", lambda m, d: min(m, 2))
     _run(_build(name, dtype, "fused", 4, 2, True), dtype, region)
     ran = {k for k, *_ in counted_launches}
-    assert ran == {"inv_rms_fwd", "inv_rms_bwd", "phase1_fwd", "phase1_bwd_dot", "phase1_bwd", "phase2_fwd",
-                   "phase2_bwd"}
+    assert ran == {"phase1_fwd", "phase1_bwd_dot", "phase1_bwd", "phase1_bwd_q", "phase2_fwd", "phase2_bwd"}
     bad = [(k, w, g) for k, w, g in counted_launches if w != g]
     assert not bad, bad[:5]
 
@@ -150,10 +149,11 @@ def test_each_row_bucket_is_tuned_on_its_own():
     parity check."""
     if DEVICE != "cuda":
         pytest.skip("needs a CUDA device: the autotuner runs configs on a GPU")
+    q = torch.randn(2, D, device=DEVICE)
     for rows in (64, 4096):
         v = torch.randn(1, rows, D, device=DEVICE)
-        fused.inv_rms_op(v, 1e-6)
+        fused.phase1_op([v, v.clone()], q, None, None, True, True)
     torch.cuda.synchronize()
-    tuner = fused_launch._launcher(fused_launch.kernels(), "inv_rms_fwd", D).__self__
-    buckets = {key[1] for key in tuner.cache}
+    tuner = fused_launch._launcher(fused_launch.kernels(), "phase1_fwd", D).__self__
+    buckets = {key[3] for key in tuner.cache}  # KEYS["phase1_fwd"]: d, N, n_q, R_BUCKET
     assert {64, 4096} <= buckets, tuner.cache

@@ -79,9 +79,9 @@ class BlockCosts:
         flop += mix(n_out, bias=K > 0 and self.readout_details)            # the readout
         return float(flop * batch_size * seq_len)
 
-    def _state_counts(self, impl: str, padded: bool = False) -> list[tuple[int, int]]:
-        """Router state after ``init_state`` and after each ``write``, as pairs (distinct (B, T, d)
-        tensors, (B, T) statistics), from ``impl``'s :class:`routers.impls.StateModel`. Aliases count once: at p = 0 the partial sum P *is* the
+    def _state_counts(self, impl: str, padded: bool = False) -> list[tuple[int, int, int]]:
+        """Router state after ``init_state`` and after each ``write``, as triples (distinct (B, T, d)
+        tensors, (B, T) statistics, (d,) float32 query copies), from ``impl``'s :class:`routers.impls.StateModel`. Aliases count once: at p = 0 the partial sum P *is* the
         update u, and so is every detail with coefficient +1.
 
         naive: e, the completed pool (C_b and K matched details per block; the last block
@@ -89,8 +89,10 @@ class BlockCosts:
         two_phase (``routers/block/two_phase.py``): the same plus, per completed source (e included),
         its inverse RMS (a (B, T) statistic), and the current block's phase-1 outputs (one
         (m, B, T, d) tensor = m (B, T, d)) with two (m, B, T) statistics (max and sum of exps).
-        fused (``routers/block/fused.py``): lean's, but phase 1 writes o_0 and the other m − 1
-        outputs as two tensors: m.
+        fused (``routers/block/fused.py``): lean's, but phase 1 writes each of the m outputs as a
+        tensor of its own (m), caches no inverse RMS (its kernels compute each where they load the
+        row: ``StateModel.key_rms_cached``) and keeps the m queries' float32 copies it passed on
+        (``StateModel.query_copies``).
         lean (``routers/block/lean.py``): two_phase's, plus the block's updates u_0 … u_p it keeps
         after the write at position p ≥ 1 (at p = 0, u_0 is P); none of block 1's phase-1
         outputs (over e alone, each is e itself); in a later block of m ≥ 2, phase 1's o_0 is a
@@ -102,6 +104,8 @@ class BlockCosts:
         """
         K, model = len(self.detail_kinds), _impls.get(impl, self.name).state
         two, lean = model.phase1, model.keeps_updates
+        inv = 1 if model.key_rms_cached else 0          # a cached inverse RMS per source
+        copies = 1 if model.query_copies else 0
 
         def outputs(m: int, block: int) -> int:   # phase 1's outputs of a block of m, in (B, T, d)
             if not lean or m == 0:
@@ -112,7 +116,7 @@ class BlockCosts:
             return m + (1 if m >= 2 and model.first_output_apart else 0)
 
         m1 = self.slots[0].block_len if two else 0
-        counts = [(1 + outputs(m1, 1), (1 + 2 * m1) if two else 0)]   # after init_state: e (+ phase 1)
+        counts = [(1 + outputs(m1, 1), (inv + 2 * m1) if two else 0, copies * m1)]   # after init_state: e (+ phase 1)
         for slot in self.slots:
             if slot.last_in_block:
                 pool = slot.block * (1 + K)
@@ -120,7 +124,8 @@ class BlockCosts:
                     pool -= K                                 # the last details are never built
                 nxt = slot.index + 1
                 m = self.slots[nxt].block_len if two and nxt < len(self.slots) else 0
-                counts.append((1 + pool + outputs(m, slot.block + 1), (1 + pool + 2 * m) if two else 0))
+                counts.append((1 + pool + outputs(m, slot.block + 1), (inv * (1 + pool) + 2 * m) if two else 0,
+                               copies * m))
             else:
                 pool = (slot.block - 1) * (1 + K)
                 # P + u and each D ± u are new tensors, and each c·u of a padded state at p = 0;
@@ -129,8 +134,9 @@ class BlockCosts:
                 m = slot.block_len if two else 0
                 # lean keeps u_0 … u_p (u_0 is P at p = 0); its block-1 outputs are e itself
                 kept = slot.pos + 1 if lean and slot.pos >= 1 else 0
-                counts.append((1 + pool + running + outputs(m, slot.block) + kept, (1 + pool + 2 * m) if two else 0))
-        return [(n + 1, k + 1) for n, k in counts] if padded else counts
+                counts.append((1 + pool + running + outputs(m, slot.block) + kept,
+                               (inv * (1 + pool) + 2 * m) if two else 0, copies * m))
+        return [(n + 1, k + inv, c) for n, k, c in counts] if padded else counts
 
     def live_state_bytes(self, batch_size: int, seq_len: int, dtype: torch.dtype = torch.float32,
                          impl: str | None = None, layout: str = "tuple") -> int:
@@ -160,8 +166,8 @@ class BlockCosts:
         item = torch.empty((), dtype=dtype).element_size()
         stat_item = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()
         mask = self.plan.capacity * stat_item if layout == "padded" else 0  # valid, (1+N(1+K),)
-        return mask + max(n * tokens * self.d_model * item + n_stats * tokens * stat_item
-                          for n, n_stats in self._state_counts(impl, layout == "padded"))
+        return mask + max(n * tokens * self.d_model * item + n_stats * tokens * stat_item + copies * self.d_model * 4
+                          for n, n_stats, copies in self._state_counts(impl, layout == "padded"))
 
     def ideal_io_per_token(self, schedule: int | None = None, layout: str = "tuple") -> float:
         """Ideal I/O per token and sublayer, units of d elements (AttnRes paper, Table 1).

@@ -265,5 +265,6 @@ IMPL = Impl("fused", ("block_attnres", "haares", "wav_v1"), "two_phase", phases=
             "fused_kernels.py) as torch.library custom ops: the inverse RMS of a source, phase 1 over the "
             "pool passed as a tuple of pointers, phase 2's merge; float32 accumulation, no TF32; the "
             "backward recomputes from the sources, the block's updates and float32 statistics", builtin=True,
-            no_layer_scope=None, state=StateModel(phase1=True, keeps_updates=True), check=_check,
+            no_layer_scope=None, check=_check,
+            state=StateModel(phase1=True, keeps_updates=True, key_rms_cached=False, query_copies=True),
             parity_tokens=_parity_tokens)

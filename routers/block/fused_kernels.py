@@ -186,8 +186,10 @@ def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.cons
 def _pick(x, mi, j, ROWS: tl.constexpr):
     """Query j's row of a (BLOCK_M, BLOCK_D) tile (``ROWS``), or its entry of a (BLOCK_M,) vector."""
     if ROWS:
-        return tl.sum(tl.where((mi == j)[:, None], x, 0.0), axis=0)
-    return tl.sum(tl.where(mi == j, x, 0.0), axis=0)
+        out = tl.sum(tl.where((mi == j)[:, None], x, 0.0), axis=0)
+    else:
+        out = tl.sum(tl.where(mi == j, x, 0.0), axis=0)
+    return out
 
 
 @triton.jit
