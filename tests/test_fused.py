@@ -204,10 +204,11 @@ def phase_error(mod) -> float:
     phase 2 with two detail kinds and their biases."""
     x = _phase_inputs(K=2, p=3)
     q = x["q"] * 40.0
-    got = [torch.stack(t) for t in fused_launch.run_phase1(mod, x["values"], q, x["bias"], None, True, True)]
+    *lists, inv = fused_launch.run_phase1(mod, x["values"], q, x["bias"], None, True, True)
+    got = [torch.stack(t) for t in lists]
     o_ref, mx_ref, s_ref = phases.phase1(q, x["bias"], x["values"], x["inv"], None)
     errs = [float((a - b).norm() / b.norm()) for a, b in ((got[0], o_ref), (got[1], mx_ref), (got[2], s_ref),
-                                                          (got[3], q))]
+                                                          (got[3], q), (inv, torch.stack(x["inv"])))]
     o, mx, s = (t[1].contiguous() for t in (o_ref, mx_ref, s_ref))
     mx = mx - 4.0  # o's weight lowered, so that the details' weights are not negligible
     dbias = torch.tensor([1.5, -2.0], device=DEVICE)  # -2: the detail bias's initial value

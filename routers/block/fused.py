@@ -9,11 +9,12 @@ The ops (namespace ``routerbench``), each with a fake implementation and ``regis
 
 - ``fused_phase1(values, q, bias, valid, write_o, write_q) -> [o_0 … o_{m−1}, μ_0 …, s_0 …, q_0 …]``:
   m queries q (m, d) over n sources (B, T, d), bias (m, n) or None, valid (n,) bool or None; each
-  key's inverse RMS is computed in the kernel where its row is loaded (none is cached or stored).
+  key's inverse RMS is computed in the kernel where its row is loaded (none is cached in the state).
   Each query's results are tensors of their own: o_i (B, T, d) in the sources' dtype (none when
   ``write_o`` is off: a pool of one source, whose outputs are that source), μ_i and s_i (B, T)
   float32, and (``write_q``) q_i (d,) float32, the copy of the query that phase 2 takes, so that
-  its gradient comes back through this op's backward. Backward: ``fused_phase1_bwd``, from the
+  its gradient comes back through this op's backward; last, inv (n, B, T) float32, each key's
+  inverse RMS as the kernel computed it, which the backward reads. Backward: ``fused_phase1_bwd``, from the
   sources, q, bias and μ, s, with ∂/∂q and ∂/∂bias reduced in the kernels (one torch sum over the
   programs' partials);
 - ``fused_phase2(o, μ, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale)
@@ -54,10 +55,10 @@ from .phases import Phases, distinct
 # --- the custom ops --------------------------------------------------------------------------
 
 def _phase1(mod, values, q, bias, valid, write_o, write_q):
-    o, mx, s, qc = run_phase1(mod, contiguous_all(values), q.contiguous(),
-                              None if bias is None else bias.contiguous(),
-                              None if valid is None else valid.contiguous(), write_o, write_q)
-    return [*o, *mx, *s, *qc]
+    o, mx, s, qc, inv = run_phase1(mod, contiguous_all(values), q.contiguous(),
+                                   None if bias is None else bias.contiguous(),
+                                   None if valid is None else valid.contiguous(), write_o, write_q)
+    return [*o, *mx, *s, *qc, inv]
 
 
 @torch.library.custom_op("routerbench::fused_phase1", mutates_args=())
@@ -71,24 +72,25 @@ def _(values, q, bias, valid, write_o, write_q):
     v0, m = values[0], q.shape[0]
     o = [v0.new_empty(v0.shape) for _ in range(m)] if write_o else []
     stats = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(2 * m)]
-    return o + stats + ([q.new_empty((q.shape[1],), dtype=torch.float32) for _ in range(m)] if write_q else [])
+    qc = [q.new_empty((q.shape[1],), dtype=torch.float32) for _ in range(m)] if write_q else []
+    return o + stats + qc + [v0.new_empty((len(values), *v0.shape[:-1]), dtype=torch.float32)]
 
 
-def _phase1_bwd(mod, values, q, bias, valid, mx, s, g_o, g_s, g_qc):
-    return run_phase1_bwd(mod, contiguous_all(values), q.contiguous(),
+def _phase1_bwd(mod, values, inv, q, bias, valid, mx, s, g_o, g_s, g_qc):
+    return run_phase1_bwd(mod, contiguous_all(values), inv.contiguous(), q.contiguous(),
                           None if bias is None else bias.contiguous(), None if valid is None else valid.contiguous(),
                           mx, s, g_o, g_s, g_qc)
 
 
 @torch.library.custom_op("routerbench::fused_phase1_bwd", mutates_args=())
-def phase1_bwd_op(values: list[Tensor], q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], mx: list[Tensor],
-                  s: list[Tensor], g_o: list[Optional[Tensor]], g_s: list[Optional[Tensor]],
+def phase1_bwd_op(values: list[Tensor], inv: Tensor, q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor],
+                  mx: list[Tensor], s: list[Tensor], g_o: list[Optional[Tensor]], g_s: list[Optional[Tensor]],
                   g_qc: list[Optional[Tensor]]) -> tuple[Tensor, Tensor]:
-    return _phase1_bwd(kernels(), values, q, bias, valid, mx, s, g_o, g_s, g_qc)
+    return _phase1_bwd(kernels(), values, inv, q, bias, valid, mx, s, g_o, g_s, g_qc)
 
 
 @phase1_bwd_op.register_fake
-def _(values, q, bias, valid, mx, s, g_o, g_s, g_qc):
+def _(values, inv, q, bias, valid, mx, s, g_o, g_s, g_qc):
     v0, n, (m, d) = values[0], len(values), q.shape
     return (v0.new_empty((n, *v0.shape)), q.new_empty((m * d + (0 if bias is None else m * n),), dtype=torch.float32))
 
@@ -100,18 +102,18 @@ def _phase1_setup(ctx, inputs, output):
     ctx.dtypes = [v.dtype for v in values]
     ctx.set_materialize_grads(False)  # an output nobody read has no gradient, not a zero tensor
     stats = output[m:3 * m] if write_o else output[:2 * m]
-    ctx.save_for_backward(q, bias, valid, *stats, *values)
+    ctx.save_for_backward(q, bias, valid, output[-1], *stats, *values)
 
 
 def _phase1_backward(ctx, grads):
     n, m = ctx.n, ctx.m
-    q, bias, valid, *rest = ctx.saved_tensors
+    q, bias, valid, inv, *rest = ctx.saved_tensors
     mx, s, values = rest[:m], rest[m:2 * m], rest[2 * m:]
     grads = list(grads)
     g_o = grads[:m] if ctx.write_o else []
     g_s = grads[len(g_o) + m:len(g_o) + 2 * m]
-    g_qc = grads[len(g_o) + 2 * m:] if ctx.write_q else []
-    g_v, g_qb = phase1_bwd_op(values, q, bias, valid, list(mx), list(s), g_o, g_s, g_qc)
+    g_qc = grads[len(g_o) + 2 * m:len(g_o) + 3 * m] if ctx.write_q else []
+    g_v, g_qb = phase1_bwd_op(values, inv, q, bias, valid, list(mx), list(s), g_o, g_s, g_qc)
     d = q.shape[1]
     g_q = g_qb[:m * d].view(m, d).to(q.dtype)
     g_b = None if bias is None else g_qb[m * d:].view(m, n).to(bias.dtype)
@@ -207,7 +209,7 @@ def phase1(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequen
     out = phase1_op(list(values), q, bias, valid, n > 1, write_q)
     o = tuple(out[:m]) if n > 1 else tuple(values[0].view_as(values[0]) for _ in range(m))
     stats = out[m:] if n > 1 else out
-    return o, tuple(x.detach() for x in stats[:m]), tuple(stats[m:2 * m]), tuple(stats[2 * m:])
+    return o, tuple(x.detach() for x in stats[:m]), tuple(stats[m:2 * m]), tuple(stats[2 * m:-1])
 
 
 def readout(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],

@@ -80,11 +80,12 @@ def _groups(grid) -> int:
     return grid[1]
 
 
-def _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups) -> tuple[int, int, int]:
+def _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups, inv=None) -> tuple[int, int, int]:
     """(bytes read, parameter loads, parameter bytes) of a phase-1 pass over the N sources: each
-    program (row, group) loads every source's row (its inverse RMS is computed from it), the bias
-    of its queries and the pad flag of each source."""
-    src = R * groups * sum(d * _es(v) for v in values)
+    program (row, group) loads every source's row (and in the backward its inverse RMS from
+    ``inv``; the forward computes it from the row), the bias of its queries and the pad flag of
+    each source."""
+    src = R * groups * sum(d * _es(v) + (0 if inv is None else _es(inv)) for v in values)
     p_loads = (R * n_q * N * _es(bias) if HAS_BIAS else 0) + (R * groups * N * _es(valid) if HAS_VALID else 0)
     p_bytes = (n_q * N * _es(bias) if HAS_BIAS else 0) + (N * _es(valid) if HAS_VALID else 0)
     return src + p_loads, p_loads, p_bytes
@@ -95,34 +96,35 @@ def _present(ts, bits: int, d: int = 1) -> int:
     return sum(d * _es(t) for j, t in enumerate(ts) if (bits >> j) & 1)
 
 
-def phase1_fwd(grid, values, q, bias, valid, o, mx, s, qc, R, d, eps, n_q, R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID,
+def phase1_fwd(grid, values, q, bias, valid, o, mx, s, qc, inv, R, d, eps, n_q, R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID,
                WRITE_O, WRITE_Q, BLOCK_M, BLOCK_D) -> Moved:
     """Per row: each query once (parameters) and the pool once per group of queries; writes each
-    query's μ, s and (``WRITE_O``) output, and once (``WRITE_Q``) each query's float32 copy."""
+    query's μ, s and (``WRITE_O``) output, each source's inverse RMS (group 0), and once
+    (``WRITE_Q``) each query's float32 copy."""
     pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
     q_loads = R * n_q * d * _es(q)
     write = (R * (_present(mx, -1) + _present(s, -1) + (_present(o, -1, d) if WRITE_O else 0))
-             + (_present(qc, -1, d) if WRITE_Q else 0))
+             + R * N * _es(inv) + (_present(qc, -1, d) if WRITE_Q else 0))
     return Moved(pool + q_loads, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd_dot(grid, values, q, bias, valid, mx, s, g_o, g_dot, R, d, eps, n_q, R_BUCKET, N, NQ, HAS_BIAS,
+def phase1_bwd_dot(grid, values, inv, q, bias, valid, mx, s, g_o, g_dot, R, d, n_q, R_BUCKET, N, NQ, HAS_BIAS,
                    HAS_VALID, GO_BITS, BLOCK_M, BLOCK_D) -> Moved:
     """Per row: the queries (parameters), their μ, s and given output gradients, and the pool once
     per group; writes g_dot (m)."""
-    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid), inv)
     q_loads = R * n_q * d * _es(q)
     read = pool + q_loads + R * (_present(mx, -1) + _present(s, -1) + _present(g_o, GO_BITS, d))
     return Moved(read, R * n_q * _es(g_dot), p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd(grid, values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l, R, d, eps, n_q, row0, RC,
+def phase1_bwd(grid, values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l, R, d, n_q, row0, RC,
                R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID, GO_BITS, GS_BITS, BLOCK_M, BLOCK_D) -> Moved:
     """Per row of the launch (``grid[0]`` rows from ``row0``): the queries (parameters), μ, s, the
     given ∂s and output gradients, g_dot (with an output gradient), and the pool once per group;
     writes per group and source ∂V (d), and gℓ (N, m)."""
     rows, groups = grid[0], _groups(grid)
-    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups)
+    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups, inv)
     q_loads = rows * n_q * d * _es(q)
     read = (pool + q_loads + rows * (_present(mx, -1) + _present(s, -1) + _present(g_s, GS_BITS)
                                      + (_present(g_o, GO_BITS, d) + n_q * _es(g_dot) if GO_BITS else 0)))
@@ -130,12 +132,12 @@ def phase1_bwd(grid, values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l, R
     return Moved(read, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd_q(grid, values, g_l, g_qc, part, R, d, eps, n_q, width, rows_per_prog, R_BUCKET, N, NQ, GQ_BITS,
+def phase1_bwd_q(grid, values, inv, g_l, g_qc, part, R, d, n_q, width, rows_per_prog, R_BUCKET, N, NQ, GQ_BITS,
                  HAS_BIAS, BLOCK_M, BLOCK_D) -> Moved:
-    """Per row: the pool once per group of queries, gℓ (N, m); once, the given
+    """Per row: the pool and its inverse RMS once per group of queries, gℓ (N, m); once, the given
     query copies' gradients; writes per program its partial ∂q (m, d) and ∂bias (m, N) in float32."""
     groups = _groups(grid)
-    read = R * (groups * sum(d * _es(v) for v in values) + N * n_q * _es(g_l))
+    read = R * (groups * sum(d * _es(v) + _es(inv) for v in values) + N * n_q * _es(g_l))
     return Moved(read + _present(g_qc, GQ_BITS, d), grid[0] * width * _es(part))
 
 

@@ -50,7 +50,7 @@ def phases_of(mod: ModuleType) -> Phases:
     (``harness.costs.kernel_io``)."""
     def _phase1(q, bias, values, inv, valid, scope=None):
         write = len(values) > 1
-        o, mx, s, _ = run_phase1(mod, contiguous_all(values), q.contiguous(),
+        o, mx, s, _, _ = run_phase1(mod, contiguous_all(values), q.contiguous(),
                                  None if bias is None else bias.contiguous(),
                                  None if valid is None else valid.contiguous(), write)
         return (tuple(o) if write else tuple(values[0] for _ in range(q.shape[0]))), tuple(mx), tuple(s)

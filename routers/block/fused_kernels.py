@@ -40,7 +40,7 @@ NEG_INF = tl.constexpr(float("-inf"))
 @triton.jit
 def _inv_rms(v, d, eps):
     """The key's inverse RMS rsqrt(mean(v²) + ε) of one source row v (BLOCK_D,) float32 (zero past
-    d): computed where the row is loaded, never stored (no pass of its own, forward or backward)."""
+    d): computed by phase 1 where it loads the row (no pass of its own, no cached statistic)."""
     return tl.rsqrt(tl.sum(v * v, axis=0) / d + eps)
 
 
@@ -183,51 +183,43 @@ def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.cons
 
 
 @triton.jit
-def _pick(x, mi, j, ROWS: tl.constexpr):
-    """Query j's row of a (BLOCK_M, BLOCK_D) tile (``ROWS``), or its entry of a (BLOCK_M,) vector."""
+def _bases(ptrs, mi, NQ: tl.constexpr):
+    """(BLOCK_M,) pointers: for each query ``mi``, its own tensor of the tuple ``ptrs`` (m tensors,
+    one per query; the first past m). A vector of NQ − 1 selects, so a load or store of every
+    query's row is one masked access, as over one (m, …) tensor."""
+    base = ptrs[0] + tl.zeros_like(mi)
+    for j in tl.static_range(1, NQ):
+        base = tl.where(mi == j, ptrs[j], base)
+    return base
+
+
+@triton.jit
+def _gather(ptrs, row, d, cols, cm, mi, mm, other, NQ: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr):
+    """The per-query tensors ``ptrs`` (a tuple of NQ; query i's is absent where bit i of ``BITS`` is
+    0) of the queries ``mi`` at ``row``: their (d,) rows as a (BLOCK_M, BLOCK_D) float32 tile
+    (``ROWS``) or their (R,) entries as a (BLOCK_M,) vector; ``other`` where absent."""
+    base = _bases(ptrs, mi, NQ)
+    live = mm & (((BITS >> mi) & 1) != 0)
     if ROWS:
-        out = tl.sum(tl.where((mi == j)[:, None], x, 0.0), axis=0)
+        out = tl.load(base[:, None] + row * d + cols[None, :], mask=live[:, None] & cm[None, :], other=other)
     else:
-        out = tl.sum(tl.where(mi == j, x, 0.0), axis=0)
-    return out
+        out = tl.load(base + row, mask=live, other=other)
+    return out.to(tl.float32)
 
 
 @triton.jit
-def _gather(ptrs, row, d, cols, cm, mi, grp, other, NQ: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The per-query tensors ``ptrs`` (a tuple of NQ, one per query; those whose bit of ``BITS`` is 0
-    are absent) of this program's queries ``mi`` at ``row``: their (d,) rows as a (BLOCK_M, BLOCK_D)
-    float32 tile (``ROWS``) or their (R,) entries as a (BLOCK_M,) vector, ``other`` where absent.
-    Only the program's own group of queries is loaded."""
+def _scatter(ptrs, x, row, d, cols, cm, mi, mm, NQ: tl.constexpr, ROWS: tl.constexpr):
+    """Store each query's entry of ``x`` ((BLOCK_M, BLOCK_D) rows with ``ROWS``, else (BLOCK_M,))
+    into its own tensor of the tuple ``ptrs`` at ``row``."""
+    base = _bases(ptrs, mi, NQ)
     if ROWS:
-        out = tl.zeros((BLOCK_M, BLOCK_D), tl.float32) + other
+        tl.store(base[:, None] + row * d + cols[None, :], x.to(ptrs[0].dtype.element_ty), mask=mm[:, None] & cm[None, :])
     else:
-        out = tl.zeros((BLOCK_M,), tl.float32) + other
-    for j in tl.static_range(NQ):
-        if (BITS >> j) & 1:
-            if j // BLOCK_M == grp:
-                if ROWS:
-                    x = tl.load(ptrs[j] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-                    out = tl.where((mi == j)[:, None], x[None, :], out)
-                else:
-                    out = tl.where(mi == j, tl.load(ptrs[j] + row).to(tl.float32), out)
-    return out
+        tl.store(base + row, x.to(ptrs[0].dtype.element_ty), mask=mm)
 
 
 @triton.jit
-def _scatter(ptrs, x, row, d, cols, cm, mi, grp, NQ: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Store each of this program's queries' entry of ``x`` ((BLOCK_M, BLOCK_D) rows with ``ROWS``,
-    else (BLOCK_M,)) into its own tensor of the tuple ``ptrs`` at ``row``."""
-    for j in tl.static_range(NQ):
-        if j // BLOCK_M == grp:
-            if ROWS:
-                tl.store(ptrs[j] + row * d + cols, _pick(x, mi, j, True).to(ptrs[j].dtype.element_ty), mask=cm)
-            else:
-                tl.store(ptrs[j] + row, _pick(x, mi, j, False).to(ptrs[j].dtype.element_ty))
-
-
-@triton.jit
-def phase1_fwd(values, q, bias, valid, o, mx, s, qc, R, d, eps, n_q, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr,
+def phase1_fwd(values, q, bias, valid, o, mx, s, qc, inv, R, d, eps, n_q, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr,
                HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr, WRITE_Q: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """m = n_q = NQ queries q (m, d) over the N sources of one token row, by online softmax in one
@@ -249,7 +241,9 @@ def phase1_fwd(values, q, bias, valid, o, mx, s, qc, R, d, eps, n_q, R_BUCKET, N
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        logit, _ = _logits(Q, v, _inv_rms(v, d, eps), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        rr = _inv_rms(v, d, eps)
+        tl.store(inv + i * R + row, rr, mask=grp == 0)
+        logit, _ = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
         m_new = tl.maximum(m_run, logit)
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         alpha = tl.exp(m_run - m_safe)
@@ -258,29 +252,28 @@ def phase1_fwd(values, q, bias, valid, o, mx, s, qc, R, d, eps, n_q, R_BUCKET, N
         if WRITE_O:
             acc = acc * alpha[:, None] + p[:, None] * v[None, :]
         m_run = m_new
-    _scatter(mx, m_run, row, d, cols, cm, mi, grp, NQ, False, BLOCK_M)
-    _scatter(s, s_run, row, d, cols, cm, mi, grp, NQ, False, BLOCK_M)
+    _scatter(mx, m_run, row, d, cols, cm, mi, mm, NQ, False)
+    _scatter(s, s_run, row, d, cols, cm, mi, mm, NQ, False)
     if WRITE_O:
-        _scatter(o, acc / tl.where(s_run == 0.0, 1.0, s_run)[:, None], row, d, cols, cm, mi, grp, NQ, True, BLOCK_M)
+        _scatter(o, acc / tl.where(s_run == 0.0, 1.0, s_run)[:, None], row, d, cols, cm, mi, mm, NQ, True)
     if WRITE_Q:
         if row == 0:
-            _scatter(qc, Q, row, 0, cols, cm, mi, grp, NQ, True, BLOCK_M)
+            _scatter(qc, Q, row, 0, cols, cm, mi, mm, NQ, True)
 
 
 @triton.jit
-def _queries_and_stats(q, mx, s, mi, mm, grp, cols, cm, row, d, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
+def _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, d, NQ: tl.constexpr):
     """The queries ``mi`` (BLOCK_M, BLOCK_D) and their phase-1 statistics at ``row`` (μ and s: tuples
     of m tensors (R,)): μ (−inf replaced by 0), s, and s with 0 replaced by 1 (a fully masked row)."""
     Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    mu = _gather(mx, row, d, cols, cm, mi, grp, 0.0, NQ, (1 << NQ) - 1, False, BLOCK_M, BLOCK_D)
-    sv = _gather(s, row, d, cols, cm, mi, grp, 1.0, NQ, (1 << NQ) - 1, False, BLOCK_M, BLOCK_D)
+    mu = _gather(mx, row, d, cols, cm, mi, mm, 0.0, NQ, (1 << NQ) - 1, False)
+    sv = _gather(s, row, d, cols, cm, mi, mm, 1.0, NQ, (1 << NQ) - 1, False)
     return Q, tl.where(mu == NEG_INF, 0.0, mu), sv, tl.where(sv == 0.0, 1.0, sv)
 
 
 @triton.jit
-def phase1_bwd(values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
-               R, d, eps, n_q, row0, RC, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr, HAS_BIAS: tl.constexpr,
+def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
+               R, d, n_q, row0, RC, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_VALID: tl.constexpr, GO_BITS: tl.constexpr, GS_BITS: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr):
     """The gradient of :func:`phase1_fwd` for one token row and BLOCK_M queries (program (row, g)
@@ -289,7 +282,7 @@ def phase1_bwd(values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
     :func:`phase1_bwd_dot` (a pass of its own: in one kernel the compiler keeps every source's row
     live from one pass to the next, and spills). g_o and g_s are tuples of m, query i's present
     where bit i of ``GO_BITS`` / ``GS_BITS`` is set. Writes ∂/∂V_i = Σ_m β g_o + (gℓ·r) q −
-    (Σ_m gℓ·(q·V_i))·r³·V_i/d (the last term through the key's inverse RMS r, recomputed here) into
+    (Σ_m gℓ·(q·V_i))·r³·V_i/d (the last term through the key's inverse RMS r, which phase 1 wrote) into
     g_v[g, i] (groups, N, R, d), summed over the queries of its group (the launcher sums the
     groups), and gℓ into g_l (N, m, R),
     from which :func:`phase1_bwd_q` sums ∂/∂q and ∂/∂bias over the rows (a loop over rows here
@@ -302,14 +295,14 @@ def phase1_bwd(values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
-    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, grp, cols, cm, row, d, NQ, BLOCK_M, BLOCK_D)
-    gs = _gather(g_s, row, d, cols, cm, mi, grp, 0.0, NQ, GS_BITS, False, BLOCK_M, BLOCK_D)
+    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, d, NQ)
+    gs = _gather(g_s, row, d, cols, cm, mi, mm, 0.0, NQ, GS_BITS, False)
     if GO_BITS != 0:
-        G = _gather(g_o, row, d, cols, cm, mi, grp, 0.0, NQ, GO_BITS, True, BLOCK_M, BLOCK_D)
+        G = _gather(g_o, row, d, cols, cm, mi, mm, 0.0, NQ, GO_BITS, True)
         dsum = tl.load(g_dot + mi * R + row, mask=mm, other=0.0)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        rr = _inv_rms(v, d, eps)
+        rr = tl.load(inv + i * R + row)
         logit, dot = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
         beta = tl.where(mm, tl.exp(logit - mu) / s_safe, 0.0)
         gl = beta * sv * gs
@@ -324,7 +317,7 @@ def phase1_bwd(values, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
 
 
 @triton.jit
-def phase1_bwd_dot(values, q, bias, valid, mx, s, g_o, g_dot, R, d, eps, n_q, R_BUCKET, N: tl.constexpr,
+def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o, g_dot, R, d, n_q, R_BUCKET, N: tl.constexpr,
                    NQ: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, GO_BITS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_dot (m, R) = Σ_i β_i·(g_o·V_i) = g_o·o per query and row, recomputed from the sources (the
@@ -335,18 +328,18 @@ def phase1_bwd_dot(values, q, bias, valid, mx, s, g_o, g_dot, R, d, eps, n_q, R_
     cols = tl.arange(0, BLOCK_D)
     mm = mi < n_q
     cm = cols < d
-    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, grp, cols, cm, row, d, NQ, BLOCK_M, BLOCK_D)
-    G = _gather(g_o, row, d, cols, cm, mi, grp, 0.0, NQ, GO_BITS, True, BLOCK_M, BLOCK_D)
+    Q, mu, sv, s_safe = _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, d, NQ)
+    G = _gather(g_o, row, d, cols, cm, mi, mm, 0.0, NQ, GO_BITS, True)
     acc = tl.zeros((BLOCK_M,), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        logit, _ = _logits(Q, v, _inv_rms(v, d, eps), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        logit, _ = _logits(Q, v, tl.load(inv + i * R + row), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
         acc += tl.exp(logit - mu) / s_safe * tl.sum(G * v[None, :], axis=1)
     tl.store(g_dot + mi * R + row, acc, mask=mm)
 
 
 @triton.jit
-def phase1_bwd_q(values, g_l, g_qc, part, R, d, eps, n_q, width, rows_per_prog, R_BUCKET, N: tl.constexpr,
+def phase1_bwd_q(values, inv, g_l, g_qc, part, R, d, n_q, width, rows_per_prog, R_BUCKET, N: tl.constexpr,
                  NQ: tl.constexpr, GQ_BITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_D: tl.constexpr):
     """This program's partial sums, over its ``rows_per_prog`` rows, of ∂/∂q = Σ_rows Σ_i (gℓ_i·r_i) V_i
@@ -364,7 +357,7 @@ def phase1_bwd_q(values, g_l, g_qc, part, R, d, eps, n_q, width, rows_per_prog, 
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     if GQ_BITS != 0:
         if pid == 0:
-            acc += _gather(g_qc, 0, 0, cols, cm, mi, grp, 0.0, NQ, GQ_BITS, True, BLOCK_M, BLOCK_D)
+            acc += _gather(g_qc, 0, 0, cols, cm, mi, mm, 0.0, NQ, GQ_BITS, True)
     for i in tl.static_range(N):
         gb = tl.zeros((BLOCK_M,), tl.float32)
         for t in range(0, rows_per_prog):
@@ -372,7 +365,7 @@ def phase1_bwd_q(values, g_l, g_qc, part, R, d, eps, n_q, width, rows_per_prog, 
             live = row < R
             v = tl.load(values[i] + row * d + cols, mask=cm & live, other=0.0).to(tl.float32)
             gl = tl.load(g_l + (i * n_q + mi) * R + row, mask=mm & live, other=0.0)
-            acc += (gl * _inv_rms(v, d, eps))[:, None] * v[None, :]
+            acc += (gl * tl.load(inv + i * R + row, mask=live, other=0.0))[:, None] * v[None, :]
             gb += gl
         if HAS_BIAS:
             tl.store(part + pid * width + n_q * d + mi * N + i, gb, mask=mm)

@@ -197,9 +197,10 @@ def _split(R: int, device: torch.device) -> tuple[int, int]:
 
 def run_phase1(mod: ModuleType, values: Sequence[Tensor], q: Tensor, bias: Tensor | None, valid: Tensor | None,
                write_o: bool, write_q: bool = False) -> tuple[list[Tensor], ...]:
-    """(o, μ, s, q copies): each a list of m tensors of its own, one per query: o_i (B, T, d) in the
-    sources' dtype (none without ``write_o``), μ_i and s_i (B, T) float32, and with ``write_q`` q_i
-    as a (d,) float32 copy (none without)."""
+    """(o, μ, s, q copies, inv): the first four lists of m tensors of their own, one per query: o_i
+    (B, T, d) in the sources' dtype (none without ``write_o``), μ_i and s_i (B, T) float32, and with
+    ``write_q`` q_i as a (d,) float32 copy (none without); inv (n, B, T) float32, each key's inverse
+    RMS, for the backward."""
     v0 = values[0]
     R, d = _rows(v0)
     m, n = q.shape[0], len(values)
@@ -207,13 +208,14 @@ def run_phase1(mod: ModuleType, values: Sequence[Tensor], q: Tensor, bias: Tenso
     mx = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(m)]
     s = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(m)]
     qc = [q.new_empty((d,), dtype=torch.float32) for _ in range(m)] if write_q else []
+    inv = v0.new_empty((n, *v0.shape[:-1]), dtype=torch.float32)
     bm = query_block(m, d)
     launcher(mod, "phase1_fwd", d)((R, -(-m // bm)))(
         tuple(values), q, q if bias is None else bias, q if valid is None else valid.view(torch.uint8),
-        tuple(o or mx), tuple(mx), tuple(s), tuple(qc or mx), R, d, EPS, m, R_BUCKET=pow2(R), N=n, NQ=m,
+        tuple(o or mx), tuple(mx), tuple(s), tuple(qc or mx), inv, R, d, EPS, m, R_BUCKET=pow2(R), N=n, NQ=m,
         HAS_BIAS=bias is not None, HAS_VALID=valid is not None, WRITE_O=write_o, WRITE_Q=write_q, BLOCK_M=bm,
         BLOCK_D=pow2(d))
-    return o, mx, s, qc
+    return o, mx, s, qc, inv
 
 
 def _bits(ts: Sequence[Tensor | None]) -> int:
@@ -222,16 +224,18 @@ def _bits(ts: Sequence[Tensor | None]) -> int:
 
 
 def _present(ts: Sequence[Tensor | None], m: int, dummy: Tensor) -> tuple[Tensor, ...]:
-    """``ts`` as a tuple of m pointers, ``dummy`` (never read) where a tensor is absent."""
+    """``ts`` as a tuple of m pointers of one dtype (a kernel selects among them): where a tensor is
+    absent, the first one given, or ``dummy`` where none is (never read: its bit is 0)."""
     ts = list(ts) or [None] * m
-    return tuple(dummy if t is None else t.contiguous() for t in ts)
+    fill = next((t for t in ts if t is not None), dummy)
+    return tuple((fill if t is None else t).contiguous() for t in ts)
 
 
-def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], q: Tensor, bias: Tensor | None,
+def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Tensor, q: Tensor, bias: Tensor | None,
                    valid: Tensor | None, mx: Sequence[Tensor], s: Sequence[Tensor], g_o: Sequence[Tensor | None],
                    g_s: Sequence[Tensor | None], g_qc: Sequence[Tensor | None] = ()) -> tuple[Tensor, Tensor]:
-    """(∂/∂values (n, …, d) (through the keys' inverse RMS too), ∂/∂q and ∂/∂bias as one float32
-    vector (m·d, then m·n with a bias)). μ, s, the output gradients g_o, ∂s and the query copies' gradients
+    """(∂/∂values (n, …, d) (through the keys' inverse RMS too, ``inv`` (n, B, T) as phase 1 wrote
+    it), ∂/∂q and ∂/∂bias as one float32 vector (m·d, then m·n with a bias)). μ, s, the output gradients g_o, ∂s and the query copies' gradients
     g_qc are lists of m (a None where a gradient is absent; g_o and g_qc may be empty).
     ∂/∂q = Σ_rows Σ_i (gℓ_i·r_i) V_i + ∂q_copy and ∂/∂bias = Σ_rows gℓ are reduced in the kernel
     :func:`phase1_bwd_q` per program over its rows, and over the programs by one torch sum.
@@ -255,32 +259,32 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], q: Tensor, bias: T
         out_v = v0.new_empty((n, *v0.shape))
         g_v = v0.new_empty((groups, n, chunk, d), dtype=torch.float32)
     go_bits, dummy = _bits(g_o), mx[0]
-    pool = (tuple(values), q, q if bias is None else bias,
+    pool = (tuple(values), inv, q, q if bias is None else bias,
             q if valid is None else valid.view(torch.uint8), tuple(mx), tuple(s))
     g_o = _present(g_o, m, dummy)
     g_dot = dummy
     if go_bits:
         g_dot = v0.new_empty((m, *v0.shape[:-1]), dtype=torch.float32)
         launcher(mod, "phase1_bwd_dot", d)((R, groups))(
-            *pool, g_o, g_dot, R, d, EPS, m, R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=bias is not None,
+            *pool, g_o, g_dot, R, d, m, R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=bias is not None,
             HAS_VALID=valid is not None, GO_BITS=go_bits, BLOCK_M=bm, BLOCK_D=pow2(d))
     rest = (g_o, _present(g_s, m, dummy), g_dot)
     flags = dict(R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
                  GO_BITS=go_bits, GS_BITS=_bits(g_s), BLOCK_M=bm, BLOCK_D=pow2(d))
     if groups == 1:
-        launcher(mod, "phase1_bwd", d)((R, 1))(*pool, *rest, g_v, g_l, R, d, EPS, m, 0, R, **flags)
+        launcher(mod, "phase1_bwd", d)((R, 1))(*pool, *rest, g_v, g_l, R, d, m, 0, R, **flags)
         g_v = g_v[0]
     else:  # the second stage of the sum over query groups, a chunk of rows at a time
         for r0 in range(0, R, chunk):
             rc = min(chunk, R - r0)
-            launcher(mod, "phase1_bwd", d)((rc, groups))(*pool, *rest, g_v, g_l, R, d, EPS, m, r0, chunk, **flags)
+            launcher(mod, "phase1_bwd", d)((rc, groups))(*pool, *rest, g_v, g_l, R, d, m, r0, chunk, **flags)
             out_v.view(n, R, d)[:, r0:r0 + rc] = g_v[:, :, :rc].sum(0)
         g_v = out_v
     progs, per = _split(R, v0.device)
     width = m * d + (m * n if bias is not None else 0)
     part = v0.new_empty((progs, width), dtype=torch.float32)
     launcher(mod, "phase1_bwd_q", d)((progs, groups))(
-        tuple(values), g_l, _present(g_qc, m, dummy), part, R, d, EPS, m, width, per, R_BUCKET=pow2(R), N=n,
+        tuple(values), inv, g_l, _present(g_qc, m, dummy), part, R, d, m, width, per, R_BUCKET=pow2(R), N=n,
         NQ=m, GQ_BITS=_bits(g_qc), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_D=pow2(d))
     return g_v, part.sum(0)
 
