@@ -39,6 +39,8 @@ def signatures(dt: str, d: int) -> dict[str, tuple[dict, dict]]:
     bm = max(1, min(pow2(M), 4096 // bd))  # routers.block.fused_launch.query_block
     rms = {"R": i32, "d": i32}
     return {
+        "rms_match": ({"D": p, "C": p, "out": p, "scale": p, **rms, "eps": "fp32", "max_scale": "fp32", "R_BUCKET": i32,
+                       "BLOCK_R": "constexpr", "BLOCK_D": "constexpr"}, {"BLOCK_R": max(1, min(16, 4096 // bd)), "BLOCK_D": bd}),
         "phase2_fwd": ({"o": p, "mx": f, "s": f, "q": p, "P": p, "details": (p,) * K, "bias": p, "h": p, **rms,
                         "eps": "fp32", "max_scale": "fp32", "R_BUCKET": i32, "K": "constexpr", "HAS_BIAS": "constexpr",
                         "BLOCK_K": "constexpr", "BLOCK_D": "constexpr"},

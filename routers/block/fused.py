@@ -47,12 +47,44 @@ import torch
 from torch import Tensor
 
 from ..impls import BUILTIN_NOTE, Impl, StateModel
-from .fused_launch import (MAX_PROGRAMS, check_router, contiguous_all, kernels, pow2,
+from .fused_launch import (MAX_PROGRAMS, check_router, contiguous_all, kernels, pow2, run_rms_match,
                            run_phase1, run_phase1_bwd, run_phase2, run_phase2_bwd)
 from .phases import Phases, distinct
 
 
 # --- the custom ops --------------------------------------------------------------------------
+
+def _rms_match(mod, D, C, max_scale):
+    return run_rms_match(mod, D.contiguous(), C.contiguous(), max_scale)
+
+
+@torch.library.custom_op("routerbench::fused_rms_match", mutates_args=())
+def rms_match_op(D: Tensor, C: Tensor, max_scale: float) -> tuple[Tensor, Tensor]:
+    return _rms_match(kernels(), D, C, max_scale)
+
+
+@rms_match_op.register_fake
+def _(D, C, max_scale):
+    return torch.empty_like(D, memory_format=torch.contiguous_format), D.new_empty((*D.shape[:-1], 1))
+
+
+def _rms_match_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+def _rms_match_backward(ctx, g, g_scale):
+    (scale,) = ctx.saved_tensors  # the gain is detached: ∂D = g·scale, and C has no gradient
+    return g * scale, None, None
+
+
+rms_match_op.register_autograd(_rms_match_backward, setup_context=_rms_match_setup)
+
+
+def rms_match(D: Tensor, C: Tensor, max_scale: float) -> Tensor:
+    """:func:`routers.mixer.rms_match` of a completed detail D to C (B, T, d) through
+    ``fused_rms_match``: one kernel reads both and writes D̃ and the gain."""
+    return rms_match_op(D, C, float(max_scale))[0]
+
 
 def _phase1(mod, values, q, bias, valid, write_o, write_q):
     o, mx, s, qc, inv = run_phase1(mod, contiguous_all(values), q.contiguous(),
@@ -185,7 +217,7 @@ phase2_op.register_autograd(_phase2_backward, setup_context=_phase2_setup)
 
 #: Each custom op's implementation, with the kernels module as its first argument: what a launch
 #: recorder runs in place of the op (``harness.costs.step_costs``), its launches recorded, not run.
-IMPLEMENTATIONS = {"routerbench::fused_phase1": _phase1, "routerbench::fused_phase1_bwd": _phase1_bwd,
+IMPLEMENTATIONS = {"routerbench::fused_rms_match": _rms_match, "routerbench::fused_phase1": _phase1, "routerbench::fused_phase1_bwd": _phase1_bwd,
                    "routerbench::fused_phase2": _phase2, "routerbench::fused_phase2_bwd": _phase2_bwd}
 
 
@@ -235,7 +267,7 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
 #: ``fused``: the two-phase schedule through the custom ops above (it keeps the block's updates,
 #: as ``lean``, to rebuild P and the details in phase 2's backward, and its phase 1 passes each
 #: query on to phase 2).
-FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True, passes_queries=True)
+FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True, passes_queries=True, match=rms_match)
 
 
 def _reason() -> str | None:

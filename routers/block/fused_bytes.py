@@ -49,6 +49,11 @@ def _es(t: Tensor) -> int:
     return t.element_size()
 
 
+def rms_match(grid, D, C, out, scale, R, d, eps, max_scale, R_BUCKET, BLOCK_R, BLOCK_D) -> Moved:
+    """Reads D and C (R, d); writes D̃ (R, d) and the gain (R,)."""
+    return Moved(R * d * (_es(D) + _es(C)), R * (d * _es(out) + _es(scale)))
+
+
 def phase2_fwd(grid, o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET, K, HAS_BIAS, BLOCK_K,
                BLOCK_D) -> Moved:
     """Per row: o, P and the K details (d each), μ and s; q and the K biases (parameters, every
@@ -142,7 +147,7 @@ def phase1_bwd_q(grid, values, inv, g_l, g_qc, part, R, d, n_q, width, rows_per_
 
 
 #: kernel name -> its byte model
-MODELS = {"phase2_fwd": phase2_fwd,
+MODELS = {"rms_match": rms_match, "phase2_fwd": phase2_fwd,
           "phase2_bwd": phase2_bwd, "phase1_fwd": phase1_fwd, "phase1_bwd_dot": phase1_bwd_dot,
           "phase1_bwd": phase1_bwd, "phase1_bwd_q": phase1_bwd_q}
 

@@ -45,6 +45,24 @@ def _inv_rms(v, d, eps):
 
 
 @triton.jit
+def rms_match(D, C, out, scale, R, d, eps, max_scale, R_BUCKET, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A completed block's detail RMS-matched to its C (``routers.mixer.rms_match``), BLOCK_R rows
+    per program: scale = min(ρ, rms(C)/(rms(D) + ε)) rounded to D's dtype, as the plain op's, into
+    ``scale`` (R,) and out = D·scale."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    live = rows < R
+    mask = live[:, None] & (cols < d)[None, :]
+    offs = rows[:, None] * d + cols[None, :]
+    x = tl.load(D + offs, mask=mask, other=0.0).to(tl.float32)
+    c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.sqrt(tl.sum(c * c, axis=1) / d) / (tl.sqrt(tl.sum(x * x, axis=1) / d) + eps)
+    g = tl.minimum(g, max_scale).to(out.dtype.element_ty).to(tl.float32)
+    tl.store(scale + rows, g.to(scale.dtype.element_ty), mask=live)
+    tl.store(out + offs, (x * g[:, None]).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _details(details, row, d, cols, cm, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """The K detail rows of token ``row`` as one (BLOCK_K, BLOCK_D) float32 tile (zero rows past K)."""
     kk = tl.arange(0, BLOCK_K)

@@ -32,6 +32,7 @@ MAX_D = 4096
 #: warps spill varies with d and the Triton release, unevenly: these were chosen from a sweep of
 #: 2, 4, 8 and 16 warps at every width under both releases.
 CONFIGS: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
+    "rms_match": ((MAX_D, (4, 8)),),
     "phase2_fwd": ((MAX_D, (4, 8)),),
     "phase2_bwd": ((256, (8, 16)), (512, (4, 8)), (1024, (4, 16)), (2048, (4, 8)), (MAX_D, (8,))),
     "phase1_fwd": ((256, (2, 4)), (2048, (4, 8)), (MAX_D, (8, 16))),
@@ -81,7 +82,7 @@ NUM_STAGES = 1
 #: width, the pool's and queries' counts, and the row bucket ``R_BUCKET`` (the least power of two
 #: ≥ B·T), so a case timed at 8,192 rows is tuned there, not at the 128 rows of its parity check
 KEYS: dict[str, tuple[str, ...]] = {
-    "phase2_fwd": ("d", "K", "R_BUCKET"),
+    "rms_match": ("d", "R_BUCKET"), "phase2_fwd": ("d", "K", "R_BUCKET"),
     "phase2_bwd": ("d", "K", "U", "R_BUCKET"), "phase1_fwd": ("d", "N", "n_q", "R_BUCKET"),
     "phase1_bwd_dot": ("d", "N", "n_q", "R_BUCKET"), "phase1_bwd": ("d", "N", "n_q", "R_BUCKET"),
     "phase1_bwd_q": ("d", "N", "n_q", "R_BUCKET"),
@@ -168,6 +169,17 @@ def _rows(t: Tensor) -> tuple[int, int]:
 
 
 # --- launches (the kernels module is an argument: tests run planted-bug copies through these) ---
+
+def run_rms_match(mod: ModuleType, D: Tensor, C: Tensor, max_scale: float) -> tuple[Tensor, Tensor]:
+    """(D̃ (…, d), its gain (…, 1) in D's dtype) of a detail D RMS-matched to C, both contiguous."""
+    R, d = _rows(D)
+    bd = pow2(d)
+    br = max(1, min(16, 4096 // bd))
+    out, scale = torch.empty_like(D), D.new_empty((*D.shape[:-1], 1))
+    launcher(mod, "rms_match", d)((-(-R // br),))(D, C, out, scale, R, d, EPS, max_scale, R_BUCKET=pow2(R), BLOCK_R=br,
+                                                BLOCK_D=bd)
+    return out, scale
+
 
 def query_block(m: int, d: int) -> int:
     """Queries per phase-1 program: an (m, d) float32 tile per program is at most 4,096 floats

@@ -190,7 +190,9 @@ class Phases(NamedTuple):
     its merge rebuilds P and the details from the block's updates (``lean``), which the state
     then keeps, and whether its phase 1 returns a fourth tuple, the m queries as phase 2 is to
     take them (``fused``: copies whose gradients return through phase 1's backward), which the
-    state keeps in place of a select of the parameter per read."""
+    state keeps in place of a select of the parameter per read, and ``match(D, C, ρ)``, the RMS
+    matching of a completed block's detail to its C (``routers.mixer.rms_match``) where the
+    phases have their own (None: the router's)."""
 
     inv_rms: Callable[[Tensor], Tensor]
     phase1: Callable[..., tuple]
@@ -198,6 +200,7 @@ class Phases(NamedTuple):
     readout: Callable[..., Tensor]
     keeps_updates: bool = False
     passes_queries: bool = False
+    match: Callable[[Tensor, Tensor, float], Tensor] | None = None
 
 
 #: ``two_phase``: plain autograd of the functions above.

@@ -133,10 +133,18 @@ def _keep(state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPha
                           update_coefs=torch.cat((c, state.update_coefs[:-1])))
 
 
+def _matched(r, detail: Tensor, partial: Tensor) -> Tensor:
+    """A completed detail RMS-matched to C (only routers with details have any): the phases' own
+    matching where they have one (``Phases.match``), else the router's."""
+    if r.phases.match is None:
+        return r._match(detail, partial)
+    return r.phases.match(detail, partial, r.max_detail_scale)
+
+
 def _complete(r, state: TwoPhaseState, final: bool, partial: Tensor, details: tuple) -> tuple:
     """The exact pool once a block completes: C_b and its matched details in front (the last
     block's details only with ``readout_details``)."""
-    new = (partial,) if final and not r.readout_details else (partial,) + tuple(r._match(d, partial) for d in details)
+    new = (partial,) if final and not r.readout_details else (partial,) + tuple(_matched(r, d, partial) for d in details)
     return new + state.values, tuple(r.phases.inv_rms(v) for v in new) + state.inv_rms, None
 
 
@@ -150,7 +158,7 @@ def _complete_padded(r, state: TwoPhaseState, final: bool, partial: Tensor, deta
         new_inv = (r.phases.inv_rms(partial),) + state.inv_rms[keep:keep + K]
         new_valid = torch.cat((state.valid.new_ones(1), state.valid.new_zeros(K)))
     else:
-        new = (partial,) + tuple(r._match(d, partial) for d in details)
+        new = (partial,) + tuple(_matched(r, d, partial) for d in details)
         new_inv = tuple(r.phases.inv_rms(v).to(acc) for v in new)
         new_valid = state.valid.new_ones(1 + K)
     return (new + state.values[:keep], new_inv + state.inv_rms[:keep],
