@@ -212,7 +212,7 @@ def phase_error(mod) -> float:
     o, mx, s = (t[1].contiguous() for t in (o_ref, mx_ref, s_ref))
     mx = mx - 4.0  # o's weight lowered, so that the details' weights are not negligible
     dbias = torch.tensor([1.5, -2.0], device=DEVICE)  # -2: the detail bias's initial value
-    h = fused_launch.run_phase2(mod, o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
+    h = fused_launch.run_phase2(mod, o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)[0]
     h_ref = phases.merge(o, mx, s, x["q"][1], x["P"], x["details"], dbias, 4.0)
     errs.append(float((h - h_ref).norm() / h_ref.norm()))
     return max(math.inf if math.isnan(e) else e for e in errs)

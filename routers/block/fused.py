@@ -156,9 +156,11 @@ def _phase1_backward(ctx, grads):
 phase1_op.register_autograd(_phase1_backward, setup_context=_phase1_setup)
 
 
-def _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale):
-    return run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
-                      contiguous_all(details), None if bias is None else bias.contiguous(), max_scale)
+def _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, u=None):
+    h, P_new = run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
+                          contiguous_all(details), None if bias is None else bias.contiguous(), max_scale,
+                          None if u is None else u.contiguous())
+    return h if u is None else (h, P_new)
 
 
 @torch.library.custom_op("routerbench::fused_phase2", mutates_args=())
@@ -173,52 +175,74 @@ def _(o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_s
     return torch.empty_like(o, memory_format=torch.contiguous_format)
 
 
-def _phase2_bwd(mod, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale):
+@torch.library.custom_op("routerbench::fused_phase2_chain", mutates_args=())
+def phase2_chain_op(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, details: list[Tensor],
+                    bias: Optional[Tensor], updates: list[Tensor], coef_t: Optional[Tensor], bits: int, k_lo: int,
+                    n_kinds: int, max_scale: float) -> tuple[Tensor, Tensor]:
+    return _phase2_chain(kernels(), o, mx, s, q, P, u, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale)
+
+
+def _phase2_chain(mod, o, mx, s, q, P, u, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale):
+    return _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, u)
+
+
+@phase2_chain_op.register_fake
+def _(o, mx, s, q, P, u, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale):
+    return (torch.empty_like(o, memory_format=torch.contiguous_format),
+            torch.empty_like(P, memory_format=torch.contiguous_format))
+
+
+def _phase2_bwd(mod, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn):
     return run_phase2_bwd(mod, g, h.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(),
                           None if bias is None else bias.contiguous(), contiguous_all(updates),
-                          None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale)
+                          None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale, g_pn)
 
 
 @torch.library.custom_op("routerbench::fused_phase2_bwd", mutates_args=())
 def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Optional[Tensor],
                   updates: list[Tensor], coef_t: Optional[Tensor], bits: int, k_lo: int, n_kinds: int, K: int,
-                  max_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _phase2_bwd(kernels(), g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale)
+                  max_scale: float, g_pn: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _phase2_bwd(kernels(), g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn)
 
 
 @phase2_bwd_op.register_fake
-def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale):
+def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn):
     u0 = updates[0]
     return (torch.empty_like(h, memory_format=torch.contiguous_format), mx.new_empty(mx.shape),
             u0.new_empty(u0.shape), u0.new_empty((K, *u0.shape)), mx.new_empty((q.shape[-1] + pow2(max(K, 2)),)))
 
 
 def _phase2_setup(ctx, inputs, output):
-    o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale = inputs
-    ctx.meta = (len(details), len(updates), bits, k_lo, n_kinds, max_scale, o.dtype, P.dtype,
+    chain = len(inputs) == 14  # fused_phase2_chain: u after P
+    o, mx, s, q, P, *rest = inputs
+    details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale = rest[1:] if chain else rest
+    ctx.meta = (chain, len(details), len(updates), bits, k_lo, n_kinds, max_scale, o.dtype, P.dtype,
                 [t.dtype for t in details])
-    ctx.save_for_backward(output, mx, s, q, bias, coef_t, *updates)
+    ctx.save_for_backward(output[0] if chain else output, mx, s, q, bias, coef_t, *updates)
 
 
-def _phase2_backward(ctx, g):
-    K, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype, d_dtypes = ctx.meta
+def _phase2_backward(ctx, g, g_pn=None):
+    chain, K, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype, d_dtypes = ctx.meta
     h, mx, s, q, bias, coef_t, *updates = ctx.saved_tensors
     g_o, g_s, g_p, g_d, g_qb = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
-                                             max_scale)
+                                             max_scale, g_pn)
     d = q.shape[-1]
     g_q, g_b = g_qb[:d].to(q.dtype), g_qb[d:d + K]
-    return (g_o.to(o_dtype), None, g_s, g_q, g_p.to(p_dtype),
+    g_p = g_p.to(p_dtype)
+    return (g_o.to(o_dtype), None, g_s, g_q, g_p, *((g_p,) if chain else ()),  # P + u: u's gradient is P's
             [g.to(dt) for g, dt in zip(g_d.unbind(0), d_dtypes)],
             None if bias is None else g_b.to(bias.dtype), [None] * U, None, None, None, None, None)
 
 
 phase2_op.register_autograd(_phase2_backward, setup_context=_phase2_setup)
+phase2_chain_op.register_autograd(_phase2_backward, setup_context=_phase2_setup)
 
 
 #: Each custom op's implementation, with the kernels module as its first argument: what a launch
 #: recorder runs in place of the op (``harness.costs.step_costs``), its launches recorded, not run.
 IMPLEMENTATIONS = {"routerbench::fused_rms_match": _rms_match, "routerbench::fused_phase1": _phase1, "routerbench::fused_phase1_bwd": _phase1_bwd,
-                   "routerbench::fused_phase2": _phase2, "routerbench::fused_phase2_bwd": _phase2_bwd}
+                   "routerbench::fused_phase2": _phase2, "routerbench::fused_phase2_chain": _phase2_chain,
+                   "routerbench::fused_phase2_bwd": _phase2_bwd}
 
 
 # --- the Phases of the two-phase schedule ----------------------------------------------------
@@ -264,10 +288,25 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
                      float(max_detail_scale))
 
 
+def chain(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, details: list[Tensor],
+          bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor], coefs: int | Tensor,
+          kinds: slice, n_kinds: int = 0, scope: object = None) -> tuple[Tensor, Tensor]:
+    """(h, P + u): :func:`merge` of the next read with the block's running sum P + u made inside
+    the kernel (``fused_phase2_chain``), so the sum has one consumer, forward and backward;
+    ``updates`` (oldest first) end with u."""
+    b = None if bias is None or not details else bias
+    o, P, u, *rest = distinct([o, P, u, *details, *updates])
+    details, updates = rest[:len(details)], rest[len(details):]
+    coef_t, bits = (coefs, 0) if isinstance(coefs, Tensor) else (None, int(coefs))
+    return phase2_chain_op(o, mx, s, q, P, u, list(details), b, list(updates), coef_t, bits, kinds.start, n_kinds,
+                           float(max_detail_scale))
+
+
 #: ``fused``: the two-phase schedule through the custom ops above (it keeps the block's updates,
-#: as ``lean``, to rebuild P and the details in phase 2's backward, and its phase 1 passes each
-#: query on to phase 2).
-FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True, passes_queries=True, match=rms_match)
+#: as ``lean``, to rebuild P and the details in phase 2's backward; its phase 1 passes each
+#: query on to phase 2; a write inside a block makes the next read's merge with the running sum).
+FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True, passes_queries=True, match=rms_match,
+               chain=chain)
 
 
 def _reason() -> str | None:

@@ -54,17 +54,18 @@ def rms_match(grid, D, C, out, scale, R, d, eps, max_scale, R_BUCKET, BLOCK_R, B
     return Moved(R * d * (_es(D) + _es(C)), R * (d * _es(out) + _es(scale)))
 
 
-def phase2_fwd(grid, o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET, K, HAS_BIAS, BLOCK_K,
-               BLOCK_D) -> Moved:
-    """Per row: o, P and the K details (d each), μ and s; q and the K biases (parameters, every
-    row); writes h (d)."""
+def phase2_fwd(grid, o, mx, s, q, P, u, P_out, details, bias, h, R, d, eps, max_scale, R_BUCKET, K, CHAIN, HAS_BIAS,
+               BLOCK_K, BLOCK_D) -> Moved:
+    """Per row: o, P (and u with ``CHAIN``) and the K details (d each), μ and s; q and the K biases
+    (parameters, every row); writes h (d) (and P + u with ``CHAIN``)."""
     params = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0)
-    read = R * (d * (_es(o) + _es(P)) + sum(d * _es(t) for t in details[:K]) + _es(mx) + _es(s) + params)
-    return Moved(read, R * d * _es(h), R * params, params)
+    read = R * (d * (_es(o) + _es(P) + (_es(u) if CHAIN else 0)) + sum(d * _es(t) for t in details[:K]) + _es(mx)
+                + _es(s) + params)
+    return Moved(read, R * d * (_es(h) + (_es(P_out) if CHAIN else 0)), R * params, params)
 
 
-def phase2_bwd(grid, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
-               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K, U, HAS_BIAS, HAS_COEF_T, BLOCK_K,
+def phase2_bwd(grid, g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
+               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K, U, HAS_GPN, HAS_BIAS, HAS_COEF_T, BLOCK_K,
                BLOCK_D) -> Moved:
     """q once per program; per live row the U updates (P and the details are rebuilt from them), g,
     h, μ, s; per row the program loops over, live or not, the K biases and the (U, K) coefficients
@@ -75,7 +76,8 @@ def phase2_bwd(grid, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds,
     per_iter = (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
     param_loads = progs * d * _es(q) + iters * per_iter
     param_bytes = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
-    read = R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h)) + _es(mx) + _es(s)) + param_loads
+    read = (R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h) + (_es(g_pn) if HAS_GPN else 0)) + _es(mx)
+                 + _es(s)) + param_loads)
     write = (R * (d * (_es(g_o) + _es(g_p) + K * _es(g_d)) + _es(g_s))
              + progs * (d + (BLOCK_K if HAS_BIAS else 0)) * _es(part))
     return Moved(read, write, param_loads, param_bytes)

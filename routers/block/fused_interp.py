@@ -61,5 +61,5 @@ def phases_of(mod: ModuleType) -> Phases:
     def _merge(o, mx, s, q, P, details, bias, max_detail_scale, *lean):
         b = None if bias is None or not details else bias.contiguous()
         return run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
-                          contiguous_all(details), b, float(max_detail_scale))
+                          contiguous_all(details), b, float(max_detail_scale))[0]
     return Phases(fused.inv_rms, _phase1, _merge, _readout, keeps_updates=True)

@@ -103,15 +103,21 @@ def _merge_weights(qv, Pv, Dt, mu, sv, bias, d, eps, max_scale, K: tl.constexpr,
 
 
 @triton.jit
-def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET, K: tl.constexpr,
-               HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+def phase2_fwd(o, mx, s, q, P, u, P_out, details, bias, h, R, d, eps, max_scale, R_BUCKET, K: tl.constexpr,
+               CHAIN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """h = w_o·o + w_P·P + Σ_j w_j·c_j·D_j for one token row (the merge of
-    ``routers.block.phases.merge``: o's logit is phase 1's log-sum-exp μ + log s)."""
+    ``routers.block.phases.merge``: o's logit is phase 1's log-sum-exp μ + log s). ``CHAIN``: the
+    partial sum is P + u, rounded to P's dtype as the running sum's add, and written to P_out
+    (the block's running sum passes through this kernel: no add of its own)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     cm = cols < d
     qv = tl.load(q + cols, mask=cm, other=0.0).to(tl.float32)
-    Pv = tl.load(P + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+    Pv = tl.load(P + row * d + cols, mask=cm, other=0.0)
+    if CHAIN:
+        Pv = (Pv.to(tl.float32) + tl.load(u + row * d + cols, mask=cm, other=0.0).to(tl.float32)).to(P_out.dtype.element_ty)
+        tl.store(P_out + row * d + cols, Pv, mask=cm)
+    Pv = Pv.to(tl.float32)
     ov = tl.load(o + row * d + cols, mask=cm, other=0.0).to(tl.float32)
     Dt = _details(details, row, d, cols, cm, K, BLOCK_K, BLOCK_D)
     w_o, w_p, w_d, c, _, _, _, _ = _merge_weights(qv, Pv, Dt, tl.load(mx + row), tl.load(s + row), bias, d, eps,
@@ -121,10 +127,12 @@ def phase2_fwd(o, mx, s, q, P, details, bias, h, R, d, eps, max_scale, R_BUCKET,
 
 
 @triton.jit(do_not_specialize=["bits"])
-def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
-               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K: tl.constexpr, U: tl.constexpr, HAS_BIAS: tl.constexpr,
+def phase2_bwd(g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
+               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K: tl.constexpr, U: tl.constexpr, HAS_GPN: tl.constexpr,
+               HAS_BIAS: tl.constexpr,
                HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows: P and the details are
+    """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows (``HAS_GPN``: of a chained
+    merge, whose P's gradient g_pn is added to ∂P, which is then P_prev's and u's): P and the details are
     rebuilt from the block's updates u_0 … u_{p−1} (oldest first) by the forward's own sums, each
     rounded to the updates' dtype (coefficient of update i in detail kind k_lo + j: bit
     i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). The gain c is a constant
@@ -174,7 +182,10 @@ def phase2_bwd(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, 
                  mask=live)
         kq_p = gl_p * r_p
         ks_p = -kq_p * t_p * r_p * r_p / d
-        tl.store(g_p + row * d + cols, (w_p * gv + kq_p * qv + ks_p * Pv).to(g_p.dtype.element_ty), mask=lm)
+        gp = w_p * gv + kq_p * qv + ks_p * Pv
+        if HAS_GPN:  # a chained merge: P's own gradient beside the merge's (P = P_prev + u: both get it)
+            gp += tl.load(g_pn + row * d + cols, mask=lm, other=0.0).to(tl.float32)
+        tl.store(g_p + row * d + cols, gp.to(g_p.dtype.element_ty), mask=lm)
         kq_d = gl_d * c * rho
         ks_d = -kq_d * c * c * t_d * rho * rho / d
         gd = (w_d * c)[:, None] * gv[None, :] + kq_d[:, None] * qv[None, :] + ks_d[:, None] * Dt

@@ -313,22 +313,29 @@ def phase1_bwd_chunk(n: int, m: int, R: int, d: int, itemsize: int, groups: int)
 
 
 def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor,
-               details: Sequence[Tensor], bias: Tensor | None, max_scale: float) -> Tensor:
+               details: Sequence[Tensor], bias: Tensor | None, max_scale: float,
+               u: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """(h, P + u) of one read: with ``u`` (a chained merge) the partial sum is P + u, written out
+    beside h; else (h, None)."""
     R, d = _rows(P)
     K = len(details)
     if o.shape != P.shape or mx.shape != P.shape[:-1] or s.shape != mx.shape or q.shape != (d,):
         raise ValueError(f"phase 2 of one read takes o and P {tuple(P.shape)}, mu and s {tuple(P.shape[:-1])} and "
                          f"q ({d},); got o {tuple(o.shape)}, mu {tuple(mx.shape)}, s {tuple(s.shape)}, q {tuple(q.shape)}")
     h = torch.empty_like(o)
+    P_out = None if u is None else torch.empty_like(P)
     launcher(mod, "phase2_fwd", d)((R,))(
-        o, mx, s, q, P, tuple(details) or (P,), q if bias is None else bias, h, R, d, EPS, max_scale, R_BUCKET=pow2(R), K=K,
+        o, mx, s, q, P, P if u is None else u, h if P_out is None else P_out, tuple(details) or (P,),
+        q if bias is None else bias, h, R, d, EPS, max_scale, R_BUCKET=pow2(R), K=K, CHAIN=u is not None,
         HAS_BIAS=bias is not None, BLOCK_K=pow2(max(K, 2)), BLOCK_D=pow2(d))
-    return h
+    return h, P_out
 
 
 def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Tensor | None,
                    updates: Sequence[Tensor], coef_t: Tensor | None, bits: int, k_lo: int, n_kinds: int, K: int,
-                   max_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+                   max_scale: float, g_pn: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(∂o, ∂s, ∂P, ∂details (K, …), ∂q and ∂bias as one float32 vector (d, then BLOCK_K)); with
+    ``g_pn`` (a chained merge: the gradient of its P + u) ∂P includes it."""
     R, d = _rows(h)
     progs, per = _split(R, h.device)
     bk = pow2(max(K, 2))
@@ -338,7 +345,8 @@ def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor,
     g_d = u0.new_empty((K, *u0.shape))
     part = mx.new_empty((progs, d + bk))
     launcher(mod, "phase2_bwd", d)((progs,))(
-        g.contiguous(), h, mx, s, q, q if bias is None else bias, tuple(updates), q if coef_t is None else coef_t,
-        bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, part, R, d, EPS, max_scale, per, R_BUCKET=pow2(R), K=K,
-        U=len(updates), HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk, BLOCK_D=pow2(d))
+        g.contiguous(), g if g_pn is None else g_pn.contiguous(), h, mx, s, q, q if bias is None else bias,
+        tuple(updates), q if coef_t is None else coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, part, R,
+        d, EPS, max_scale, per, R_BUCKET=pow2(R), K=K, U=len(updates), HAS_GPN=g_pn is not None,
+        HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk, BLOCK_D=pow2(d))
     return g_o, g_s, g_p, g_d, part.sum(0)

@@ -192,7 +192,9 @@ class Phases(NamedTuple):
     take them (``fused``: copies whose gradients return through phase 1's backward), which the
     state keeps in place of a select of the parameter per read, and ``match(D, C, ρ)``, the RMS
     matching of a completed block's detail to its C (``routers.mixer.rms_match``) where the
-    phases have their own (None: the router's)."""
+    phases have their own (None: the router's), and ``chain``: :func:`merge` of the next read
+    that also adds the update to the running sum and returns (h, P + u), which a write inside a
+    block runs (eager and model scope) so the running sum has one consumer."""
 
     inv_rms: Callable[[Tensor], Tensor]
     phase1: Callable[..., tuple]
@@ -201,6 +203,7 @@ class Phases(NamedTuple):
     keeps_updates: bool = False
     passes_queries: bool = False
     match: Callable[[Tensor, Tensor, float], Tensor] | None = None
+    chain: Callable[..., tuple] | None = None
 
 
 #: ``two_phase``: plain autograd of the functions above.

@@ -65,31 +65,44 @@ def params(r, state: TwoPhaseState, slot, region: bool) -> tuple:
     """(query (d,), bias of the seen details (K',) or None, coefficients, o, μ, s of phase 1 at
     the slot's position (at a block start o_0 alone: query, μ and s None), then at a block end the
     next block's queries (m, d) and detail-bias rows (m, K) (else None, None), then ``lean``'s
-    coefficient bits of the block's earlier updates): views of the parameters and the state, and
-    Python ints of the plan. The coefficients are the plan's Python ±1, or under the layer scope
-    (``region``) a (K,) row of the coefficient table in the state's dtype."""
+    coefficient bits of the block's earlier updates, then where the write chains the next read
+    (:func:`write`) that read's (query, bias, o, μ, s, coefficient bits, seen kinds), else None):
+    views of the parameters and the state, and Python ints of the plan. The coefficients are the
+    plan's Python ±1, or under the layer scope (``region``) a (K,) row of the coefficient table in
+    the state's dtype."""
     k, plan = slot.index, r.plan
-    seen = plan.seen_span[k]
-    bias = r.detail_bias[k, seen] if seen.stop > seen.start else None
     coefs = r.coef_table[k].to(state.values[0].dtype) if region else plan.coefs[k]
-    if slot.pos == 0:  # a block start reads o_0 alone
-        rows = (state.block_out[0], None, None)
-    else:
-        rows = (state.block_out[slot.pos], state.block_max[slot.pos], state.block_sum[slot.pos])
     nxt = (None, None)
     if slot.last_in_block and k < len(r.slots) - 1:
         nxt_rows = plan.rows[slot.block + 1]
         nxt = (queries(r, nxt_rows), r.detail_bias[nxt_rows] if r.detail_kinds else None)
-    q = None if slot.pos == 0 else queries(r, k) if state.block_q is None else state.block_q[slot.pos]
-    return (q, bias, coefs, *rows, *nxt, plan.coef_bits[k])
+    chained = None
+    if r.phases.chain is not None and not region and slot.pos >= 1 and not slot.last_in_block:
+        chained = (*_read_params(r, state, k + 1, slot.pos + 1), plan.coef_bits[k + 1], plan.seen_span[k + 1])
+    q, bias, *rows = _read_params(r, state, k, slot.pos)
+    return (q, bias, coefs, *rows, *nxt, plan.coef_bits[k], chained)
+
+
+def _read_params(r, state: TwoPhaseState, k: int, pos: int) -> tuple:
+    """(query, bias of the seen details or None, o, μ, s) of read k at block position ``pos``
+    (a block start: o_0 alone, the others None)."""
+    if pos == 0:
+        return None, None, state.block_out[0], None, None
+    seen = r.plan.seen_span[k]
+    bias = r.detail_bias[k, seen] if seen.stop > seen.start else None
+    q = queries(r, k) if state.block_q is None else state.block_q[pos]
+    return q, bias, state.block_out[pos], state.block_max[pos], state.block_sum[pos]
 
 
 def read(r, state: TwoPhaseState, role: tuple, p: tuple) -> Tensor:
-    """o_0 at a block start, else phase 2: the merge of P and the seen details."""
+    """o_0 at a block start, the input the last write made (``Phases.chain``), else phase 2: the
+    merge of P and the seen details."""
     _, _, start, _, _, seen = role[:6]
     q, bias, _, o, mx, s = p[:6]
     if start:
         return o
+    if state.h_next is not None:
+        return state.h_next
     kinds = span(seen)
     updates, coefs = (), 0
     if state.updates:  # lean: the block's updates, oldest first, to rebuild P and the details from
@@ -104,9 +117,11 @@ def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> Two
     RMS-matched to P, none for the last block when nothing reads them), and phase 1 of the next
     block runs over the new pool."""
     _, _, start, last, final = role[:5]
+    if p[9] is not None:  # the next read's merge makes P + u (Phases.chain)
+        return _chain(r, state, role, p, update)
     partial, details = accumulate(state.partial, state.partial_details, update, p[2], start)
     if not last:
-        state = state._replace(partial=partial, partial_details=details)
+        state = state._replace(partial=partial, partial_details=details, h_next=None)
         return _keep(state, role, p, update) if r.phases.keeps_updates else state
     if state.valid is None:
         values, inv, valid = _complete(r, state, final, partial, details)
@@ -116,6 +131,18 @@ def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> Two
         return TwoPhaseState(values, inv, valid, None, (), None, None, None, zero=state.zero)
     o, mx, s, *qs = r.phases.phase1(p[6], _pool_bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
     return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero, block_q=_passed(r, qs))
+
+
+def _chain(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
+    """A write inside a block (position ≥ 1, not its last) through ``Phases.chain``: the details
+    add u as :func:`write`'s, and the next read's merge adds it to P, so P + u has one consumer (the
+    next write's merge, or the add that completes the block) and needs no add of its own."""
+    q, bias, o, mx, s, bits, kinds = p[9]
+    _, details = accumulate(None, state.partial_details, update, p[2], False, partial_sum=False)
+    updates = ((update,) + state.updates)[::-1]
+    h, partial = r.phases.chain(o, mx, s, q, state.partial, update, list(details[kinds]), bias, r.max_detail_scale,
+                                updates, bits, kinds, r.plan.K, r.recompute_scope)
+    return _keep(state._replace(partial=partial, partial_details=details, h_next=h), role, p, update)
 
 
 def _keep(state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
