@@ -69,12 +69,13 @@ def _(D, C, max_scale):
 
 
 def _rms_match_setup(ctx, inputs, output):
+    ctx.set_materialize_grads(False)  # the gain is never read with a gradient: no zeros made for it
     ctx.save_for_backward(output[1])
 
 
 def _rms_match_backward(ctx, g, g_scale):
     (scale,) = ctx.saved_tensors  # the gain is detached: ∂D = g·scale, and C has no gradient
-    return g * scale, None, None
+    return None if g is None else g * scale, None, None
 
 
 rms_match_op.register_autograd(_rms_match_backward, setup_context=_rms_match_setup)
