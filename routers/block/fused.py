@@ -87,71 +87,72 @@ def rms_match(D: Tensor, C: Tensor, max_scale: float) -> Tensor:
     return rms_match_op(D, C, float(max_scale))[0]
 
 
-def _phase1(mod, values, q, bias, valid, write_o, write_q):
-    o, mx, s, qc, inv = run_phase1(mod, contiguous_all(values), q.contiguous(),
-                                   None if bias is None else bias.contiguous(),
-                                   None if valid is None else valid.contiguous(), write_o, write_q)
+def _phase1(mod, values, q, rows, codes, valid, write_o, write_q):
+    o, mx, s, qc, inv = run_phase1(mod, contiguous_all(values), q.contiguous(), None if rows is None else rows.contiguous(),
+                                   codes, None if valid is None else valid.contiguous(), write_o, write_q)
     return [*o, *mx, *s, *qc, inv]
 
 
 @torch.library.custom_op("routerbench::fused_phase1", mutates_args=())
-def phase1_op(values: list[Tensor], q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], write_o: bool,
-              write_q: bool) -> list[Tensor]:
-    return _phase1(kernels(), values, q, bias, valid, write_o, write_q)
+def phase1_op(values: list[Tensor], q: Tensor, rows: Optional[Tensor], codes: Optional[Tensor],
+              valid: Optional[Tensor], write_o: bool, write_q: bool) -> list[Tensor]:
+    return _phase1(kernels(), values, q, rows, codes, valid, write_o, write_q)
 
 
 @phase1_op.register_fake
-def _(values, q, bias, valid, write_o, write_q):
-    v0, m = values[0], q.shape[0]
+def _(values, q, rows, codes, valid, write_o, write_q):
+    v0, (m, d) = values[0], q.shape
     o = [v0.new_empty(v0.shape) for _ in range(m)] if write_o else []
     stats = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(2 * m)]
-    qc = [q.new_empty((q.shape[1],), dtype=torch.float32) for _ in range(m)] if write_q else []
+    kb = 0 if rows is None else rows.shape[1]
+    qc = [q.new_empty((d + kb,), dtype=torch.float32) for _ in range(m)] if write_q else []
     return o + stats + qc + [v0.new_empty((len(values), *v0.shape[:-1]), dtype=torch.float32)]
 
 
-def _phase1_bwd(mod, values, inv, q, bias, valid, mx, s, g_o, g_s, g_qc):
+def _phase1_bwd(mod, values, inv, q, rows, codes, valid, mx, s, g_o, g_s, g_qc):
     return run_phase1_bwd(mod, contiguous_all(values), inv.contiguous(), q.contiguous(),
-                          None if bias is None else bias.contiguous(), None if valid is None else valid.contiguous(),
-                          mx, s, g_o, g_s, g_qc)
+                          None if rows is None else rows.contiguous(), codes,
+                          None if valid is None else valid.contiguous(), mx, s, g_o, g_s, g_qc)
 
 
 @torch.library.custom_op("routerbench::fused_phase1_bwd", mutates_args=())
-def phase1_bwd_op(values: list[Tensor], inv: Tensor, q: Tensor, bias: Optional[Tensor], valid: Optional[Tensor],
-                  mx: list[Tensor], s: list[Tensor], g_o: list[Optional[Tensor]], g_s: list[Optional[Tensor]],
-                  g_qc: list[Optional[Tensor]]) -> tuple[Tensor, Tensor]:
-    return _phase1_bwd(kernels(), values, inv, q, bias, valid, mx, s, g_o, g_s, g_qc)
+def phase1_bwd_op(values: list[Tensor], inv: Tensor, q: Tensor, rows: Optional[Tensor], codes: Optional[Tensor],
+                  valid: Optional[Tensor], mx: list[Tensor], s: list[Tensor], g_o: list[Optional[Tensor]],
+                  g_s: list[Optional[Tensor]], g_qc: list[Optional[Tensor]]) -> tuple[Tensor, Tensor]:
+    return _phase1_bwd(kernels(), values, inv, q, rows, codes, valid, mx, s, g_o, g_s, g_qc)
 
 
 @phase1_bwd_op.register_fake
-def _(values, inv, q, bias, valid, mx, s, g_o, g_s, g_qc):
+def _(values, inv, q, rows, codes, valid, mx, s, g_o, g_s, g_qc):
     v0, n, (m, d) = values[0], len(values), q.shape
-    return (v0.new_empty((n, *v0.shape)), q.new_empty((m * d + (0 if bias is None else m * n),), dtype=torch.float32))
+    kb = 0 if rows is None else rows.shape[1]
+    return v0.new_empty((n, *v0.shape)), q.new_empty((m * (d + kb),), dtype=torch.float32)
 
 
 def _phase1_setup(ctx, inputs, output):
-    values, q, bias, valid, write_o, write_q = inputs
+    values, q, rows, codes, valid, write_o, write_q = inputs
     m = q.shape[0]
     ctx.n, ctx.m, ctx.write_o, ctx.write_q = len(values), m, write_o, write_q
     ctx.dtypes = [v.dtype for v in values]
     ctx.set_materialize_grads(False)  # an output nobody read has no gradient, not a zero tensor
     stats = output[m:3 * m] if write_o else output[:2 * m]
-    ctx.save_for_backward(q, bias, valid, output[-1], *stats, *values)
+    ctx.save_for_backward(q, rows, codes, valid, output[-1], *stats, *values)
 
 
 def _phase1_backward(ctx, grads):
-    n, m = ctx.n, ctx.m
-    q, bias, valid, inv, *rest = ctx.saved_tensors
+    m = ctx.m
+    q, rows, codes, valid, inv, *rest = ctx.saved_tensors
     mx, s, values = rest[:m], rest[m:2 * m], rest[2 * m:]
     grads = list(grads)
     g_o = grads[:m] if ctx.write_o else []
     g_s = grads[len(g_o) + m:len(g_o) + 2 * m]
     g_qc = grads[len(g_o) + 2 * m:len(g_o) + 3 * m] if ctx.write_q else []
-    g_v, g_qb = phase1_bwd_op(values, inv, q, bias, valid, list(mx), list(s), g_o, g_s, g_qc)
+    g_v, g_qb = phase1_bwd_op(values, inv, q, rows, codes, valid, list(mx), list(s), g_o, g_s, g_qc)
     d = q.shape[1]
     g_q = g_qb[:m * d].view(m, d).to(q.dtype)
-    g_b = None if bias is None else g_qb[m * d:].view(m, n).to(bias.dtype)
+    g_rows = None if rows is None else g_qb[m * d:].view(m, rows.shape[1]).to(rows.dtype)
     gv = [g.to(dt) for g, dt in zip(g_v.unbind(0), ctx.dtypes)]
-    return gv, g_q, g_b, None, None, None
+    return gv, g_q, g_rows, None, None, None, None
 
 
 phase1_op.register_autograd(_phase1_backward, setup_context=_phase1_setup)
@@ -160,7 +161,7 @@ phase1_op.register_autograd(_phase1_backward, setup_context=_phase1_setup)
 def _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, u=None):
     h, P_new = run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
                           contiguous_all(details), None if bias is None else bias.contiguous(), max_scale,
-                          None if u is None else u.contiguous())
+                          None if u is None else u.contiguous(), k_lo)
     return h if u is None else (h, P_new)
 
 
@@ -208,9 +209,10 @@ def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: 
 
 @phase2_bwd_op.register_fake
 def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn):
-    u0 = updates[0]
+    u0, d = updates[0], h.shape[-1]
+    width = q.shape[0] if q.shape[0] > d else d + (K if bias is not None else 0)  # run_phase2_bwd's
     return (torch.empty_like(h, memory_format=torch.contiguous_format), mx.new_empty(mx.shape),
-            u0.new_empty(u0.shape), u0.new_empty((K, *u0.shape)), mx.new_empty((q.shape[-1] + pow2(max(K, 2)),)))
+            u0.new_empty(u0.shape), u0.new_empty((K, *u0.shape)), mx.new_empty((width,)))
 
 
 def _phase2_setup(ctx, inputs, output):
@@ -227,8 +229,11 @@ def _phase2_backward(ctx, g, g_pn=None):
     h, mx, s, q, bias, coef_t, *updates = ctx.saved_tensors
     g_o, g_s, g_p, g_d, g_qb = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
                                              max_scale, g_pn)
-    d = q.shape[-1]
-    g_q, g_b = g_qb[:d].to(q.dtype), g_qb[d:d + K]
+    d = h.shape[-1]
+    if q.shape[0] > d:  # q carries the detail biases (phase 1's copy): its gradient carries theirs
+        g_q, g_b = g_qb.to(q.dtype), None
+    else:
+        g_q, g_b = g_qb[:d].to(q.dtype), g_qb[d:d + K]
     g_p = g_p.to(p_dtype)
     return (g_o.to(o_dtype), None, g_s, g_q, g_p, *((g_p,) if chain else ()),  # P + u: u's gradient is P's
             [g.to(dt) for g, dt in zip(g_d.unbind(0), d_dtypes)],
@@ -254,25 +259,42 @@ def inv_rms(v: Tensor) -> Tensor:
     return v.new_empty((0,), dtype=torch.float32)
 
 
-def phase1(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
-           valid: Tensor | None, scope: object = None, write_q: bool = True) -> tuple[tuple[Tensor, ...], ...]:
+def _rows_and_codes(bias, n: int) -> tuple[Tensor | None, Tensor | None]:
+    """Phase 1's bias as the kernels take it: the schedule's (detail-bias rows (m, K), kind codes (n,)
+    or None) as they are; a plain (m, n) bias (``routers.block.phases.phase1``'s) as rows with each
+    source its own kind (codes 1 … n)."""
+    if bias is None or isinstance(bias, tuple):
+        return bias if bias is not None else (None, None)
+    return bias, torch.arange(1, n + 1, device=bias.device)
+
+
+def phase1(q: Tensor, bias, values: Sequence[Tensor], inv: Sequence[Tensor], valid: Tensor | None,
+           scope: object = None, write_q: bool = True) -> tuple[tuple[Tensor, ...], ...]:
     """:func:`routers.block.phases.phase1` through ``fused_phase1``: each query's tensors of its own,
     (o_0, …, o_{m−1}) each (B, T, d), (μ_i) detached and (s_i) each (B, T), and (``write_q``) the
-    queries' float32 copies (d,) that phase 2 takes (:data:`FUSED` passes them on), so a query's
-    gradient returns through this op, not by a select of the parameter per read. A pool of one
-    source gives that source's views as the outputs (``lean.phase1``). ``scope`` is unused: the
-    recompute is inside the kernels."""
+    queries' float32 copies (d + K,), each with its detail-bias row after it, that phase 2 takes
+    (:data:`FUSED` passes them on), so the gradients of a query and its biases return through this
+    op, not by a select of the parameters per read. ``bias``: (detail-bias rows (m, K) or None,
+    the sources' kind codes (n,) or None) from the schedule (``Phases.bias_rows``), or an (m, n)
+    bias, or None. A pool of one source gives that source's views as the outputs (``lean.phase1``).
+    ``scope`` is unused: the recompute is inside the kernels."""
     m, n = q.shape[0], len(values)
-    out = phase1_op(list(values), q, bias, valid, n > 1, write_q)
+    rows, codes = _rows_and_codes(bias, n)
+    out = phase1_op(list(values), q, rows, codes, valid, n > 1, write_q)
     o = tuple(out[:m]) if n > 1 else tuple(values[0].view_as(values[0]) for _ in range(m))
     stats = out[m:] if n > 1 else out
     return o, tuple(x.detach() for x in stats[:m]), tuple(stats[m:2 * m]), tuple(stats[2 * m:-1])
 
 
-def readout(q: Tensor, bias: Tensor | None, values: Sequence[Tensor], inv: Sequence[Tensor],
-            valid: Tensor | None, scope: object = None) -> Tensor:
-    """:func:`routers.block.phases.readout` as one query of :func:`phase1`."""
-    return phase1(q[None], None if bias is None else bias[None], values, inv, valid, scope, write_q=False)[0][0]
+def readout(q: Tensor, bias, values: Sequence[Tensor], inv: Sequence[Tensor], valid: Tensor | None,
+            scope: object = None) -> Tensor:
+    """:func:`routers.block.phases.readout` as one query of :func:`phase1`; ``bias`` (its detail-bias
+    row (K,), the kind codes) or an (n,) bias, or None."""
+    if isinstance(bias, tuple):
+        bias = (None if bias[0] is None else bias[0][None], bias[1])
+    elif bias is not None:
+        bias = bias[None]
+    return phase1(q[None], bias, values, inv, valid, scope, write_q=False)[0][0]
 
 
 def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[Tensor],
@@ -307,7 +329,7 @@ def chain(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, det
 #: as ``lean``, to rebuild P and the details in phase 2's backward; its phase 1 passes each
 #: query on to phase 2; a write inside a block makes the next read's merge with the running sum).
 FUSED = Phases(inv_rms, phase1, merge, readout, keeps_updates=True, passes_queries=True, match=rms_match,
-               chain=chain)
+               chain=chain, bias_rows=True)
 
 
 def _reason() -> str | None:

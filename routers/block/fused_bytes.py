@@ -65,8 +65,8 @@ def phase2_fwd(grid, o, mx, s, q, P, u, P_out, details, bias, h, R, d, eps, max_
 
 
 def phase2_bwd(grid, g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
-               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K, U, HAS_GPN, HAS_BIAS, HAS_COEF_T, BLOCK_K,
-               BLOCK_D) -> Moved:
+               R, d, eps, max_scale, rows_per_prog, boff, KT, R_BUCKET, K, U, HAS_GPN, HAS_BIAS, HAS_COEF_T, BLOCK_K,
+               BLOCK_KT, BLOCK_D) -> Moved:
     """q once per program; per live row the U updates (P and the details are rebuilt from them), g,
     h, μ, s; per row the program loops over, live or not, the K biases and the (U, K) coefficients
     (parameters); writes per row ∂o, ∂s, ∂P and the K ∂D, and per program its partial ∂q (d) and
@@ -79,7 +79,7 @@ def phase2_bwd(grid, g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_
     read = (R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h) + (_es(g_pn) if HAS_GPN else 0)) + _es(mx)
                  + _es(s)) + param_loads)
     write = (R * (d * (_es(g_o) + _es(g_p) + K * _es(g_d)) + _es(g_s))
-             + progs * (d + (BLOCK_K if HAS_BIAS else 0)) * _es(part))
+             + progs * (d + (KT if HAS_BIAS else 0)) * _es(part))
     return Moved(read, write, param_loads, param_bytes)
 
 
@@ -87,14 +87,15 @@ def _groups(grid) -> int:
     return grid[1]
 
 
-def _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups, inv=None) -> tuple[int, int, int]:
+def _pool(R, d, n_q, N, values, bias, codes, valid, HAS_BIAS, HAS_VALID, groups, inv=None) -> tuple[int, int, int]:
     """(bytes read, parameter loads, parameter bytes) of a phase-1 pass over the N sources: each
     program (row, group) loads every source's row (and in the backward its inverse RMS from
-    ``inv``; the forward computes it from the row), the bias of its queries and the pad flag of
-    each source."""
+    ``inv``; the forward computes it from the row), its kind code and its queries' bias (a state
+    source's too, then zeroed), and the pad flag of each source."""
     src = R * groups * sum(d * _es(v) + (0 if inv is None else _es(inv)) for v in values)
-    p_loads = (R * n_q * N * _es(bias) if HAS_BIAS else 0) + (R * groups * N * _es(valid) if HAS_VALID else 0)
-    p_bytes = (n_q * N * _es(bias) if HAS_BIAS else 0) + (N * _es(valid) if HAS_VALID else 0)
+    loads = N * (groups * _es(codes) + n_q * _es(bias)) if HAS_BIAS else 0
+    p_loads = R * loads + (R * groups * N * _es(valid) if HAS_VALID else 0)
+    p_bytes = (bias.numel() * _es(bias) + N * _es(codes) if HAS_BIAS else 0) + (N * _es(valid) if HAS_VALID else 0)
     return src + p_loads, p_loads, p_bytes
 
 
@@ -103,35 +104,36 @@ def _present(ts, bits: int, d: int = 1) -> int:
     return sum(d * _es(t) for j, t in enumerate(ts) if (bits >> j) & 1)
 
 
-def phase1_fwd(grid, values, q, bias, valid, o, mx, s, qc, inv, R, d, eps, n_q, R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID,
-               WRITE_O, WRITE_Q, BLOCK_M, BLOCK_D) -> Moved:
+def phase1_fwd(grid, values, q, bias, codes, valid, o, mx, s, qc, inv, R, d, eps, n_q, KB, R_BUCKET, N, NQ, HAS_BIAS,
+               QB, HAS_VALID, WRITE_O, WRITE_Q, BLOCK_M, BLOCK_D, BLOCK_KB) -> Moved:
     """Per row: each query once (parameters) and the pool once per group of queries; writes each
     query's μ, s and (``WRITE_O``) output, each source's inverse RMS (group 0), and once
-    (``WRITE_Q``) each query's float32 copy."""
-    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid))
+    (``WRITE_Q``) each query's float32 copy with (``QB``) its detail-bias row, read once."""
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, codes, valid, HAS_BIAS, HAS_VALID, _groups(grid))
     q_loads = R * n_q * d * _es(q)
+    rows = n_q * KB * _es(bias) if WRITE_Q and QB else 0
     write = (R * (_present(mx, -1) + _present(s, -1) + (_present(o, -1, d) if WRITE_O else 0))
-             + R * N * _es(inv) + (_present(qc, -1, d) if WRITE_Q else 0))
-    return Moved(pool + q_loads, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
+             + R * N * _es(inv) + (_present(qc, -1, d + KB) if WRITE_Q else 0))
+    return Moved(pool + q_loads + rows, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd_dot(grid, values, inv, q, bias, valid, mx, s, g_o, g_dot, R, d, n_q, R_BUCKET, N, NQ, HAS_BIAS,
-                   HAS_VALID, GO_BITS, BLOCK_M, BLOCK_D) -> Moved:
+def phase1_bwd_dot(grid, values, inv, q, bias, codes, valid, mx, s, g_o, g_dot, R, d, n_q, KB, R_BUCKET, N, NQ,
+                   HAS_BIAS, HAS_VALID, GO_BITS, BLOCK_M, BLOCK_D) -> Moved:
     """Per row: the queries (parameters), their μ, s and given output gradients, and the pool once
     per group; writes g_dot (m)."""
-    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, _groups(grid), inv)
+    pool, p_loads, p_bytes = _pool(R, d, n_q, N, values, bias, codes, valid, HAS_BIAS, HAS_VALID, _groups(grid), inv)
     q_loads = R * n_q * d * _es(q)
     read = pool + q_loads + R * (_present(mx, -1) + _present(s, -1) + _present(g_o, GO_BITS, d))
     return Moved(read, R * n_q * _es(g_dot), p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd(grid, values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l, R, d, n_q, row0, RC,
+def phase1_bwd(grid, values, inv, q, bias, codes, valid, mx, s, g_o, g_s, g_dot, g_v, g_l, R, d, n_q, KB, row0, RC,
                R_BUCKET, N, NQ, HAS_BIAS, HAS_VALID, GO_BITS, GS_BITS, BLOCK_M, BLOCK_D) -> Moved:
     """Per row of the launch (``grid[0]`` rows from ``row0``): the queries (parameters), μ, s, the
     given ∂s and output gradients, g_dot (with an output gradient), and the pool once per group;
     writes per group and source ∂V (d), and gℓ (N, m)."""
     rows, groups = grid[0], _groups(grid)
-    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, bias, valid, HAS_BIAS, HAS_VALID, groups, inv)
+    pool, p_loads, p_bytes = _pool(rows, d, n_q, N, values, bias, codes, valid, HAS_BIAS, HAS_VALID, groups, inv)
     q_loads = rows * n_q * d * _es(q)
     read = (pool + q_loads + rows * (_present(mx, -1) + _present(s, -1) + _present(g_s, GS_BITS)
                                      + (_present(g_o, GO_BITS, d) + n_q * _es(g_dot) if GO_BITS else 0)))
@@ -139,13 +141,16 @@ def phase1_bwd(grid, values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g
     return Moved(read, write, p_loads + q_loads, p_bytes + n_q * d * _es(q))
 
 
-def phase1_bwd_q(grid, values, inv, g_l, g_qc, part, R, d, n_q, width, rows_per_prog, R_BUCKET, N, NQ, GQ_BITS,
-                 HAS_BIAS, BLOCK_M, BLOCK_D) -> Moved:
-    """Per row: the pool and its inverse RMS once per group of queries, gℓ (N, m); once, the given
-    query copies' gradients; writes per program its partial ∂q (m, d) and ∂bias (m, N) in float32."""
+def phase1_bwd_q(grid, values, inv, g_l, g_qc, codes, part, R, d, n_q, KB, width, rows_per_prog, R_BUCKET, N, NQ,
+                 GQ_BITS, HAS_BIAS, QB, BLOCK_M, BLOCK_D, BLOCK_KB) -> Moved:
+    """Per row: the pool and its inverse RMS once per group of queries, gℓ (N, m); per program each
+    source's kind code (``HAS_BIAS``, a parameter); once, the given query copies' gradients (d, and
+    KB with ``QB``); writes per program its partial ∂q (m, d) and ∂rows (m, KB) in float32."""
     groups = _groups(grid)
     read = R * (groups * sum(d * _es(v) + _es(inv) for v in values) + N * n_q * _es(g_l))
-    return Moved(read + _present(g_qc, GQ_BITS, d), grid[0] * width * _es(part))
+    code_loads = grid[0] * groups * N * _es(codes) if HAS_BIAS else 0
+    read += code_loads + _present(g_qc, GQ_BITS, d + (KB if QB else 0))
+    return Moved(read, grid[0] * width * _es(part), code_loads, N * _es(codes) if HAS_BIAS else 0)
 
 
 #: kernel name -> its byte model

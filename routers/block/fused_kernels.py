@@ -1,31 +1,25 @@
-"""Triton kernels of the ``fused`` two-phase schedule (Attention Residuals, arXiv:2603.15031;
-WAV v1 / HAARES, arXiv:2606.06564): phase 2 (the online merge of one read) and phase 1 (a block's
-m pseudo-queries over the completed pool, each source's key inverse RMS computed where its row is
-loaded), each forward and backward.
-
-``routers/block/fused.py`` launches them as ``torch.library`` custom ops; this module imports
+"""Triton kernels of the ``fused`` two-phase schedule (Attention Residuals, arXiv:2603.15031; WAV v1 / HAARES,
+arXiv:2606.06564): phase 2 (the online merge of one read), phase 1 (a block's m pseudo-queries over the completed
+pool, each key's inverse RMS computed where its row is loaded) and the RMS matching of a completed block's details,
+forward and backward. ``routers/block/fused.py`` launches them as ``torch.library`` custom ops; this module imports
 Triton at import and is loaded only by those launches and by the tests.
 
 Conventions of every kernel:
 
-- a token row is one (d,) row of a contiguous (B, T, d) tensor, R = B·T rows; offsets are int64;
-  ``R_BUCKET`` (the least power of two ≥ R) is read by no kernel: it is a key of the autotuner
-  (``fused_launch.KEYS``), so a launch over far more rows than the one tuned first gets its own
-  config;
-- the pool's sources and a block's updates come as a tuple of pointers (one specialisation per
-  tuple length), never stacked into one tensor (a stack would cost a write and a read of the pool);
-- loads are converted to float32 and every dot, norm and softmax statistic in a kernel accumulates
-  in float32 (row-wise products and ``tl.sum``, no ``tl.dot``: no TF32 on any device); outputs
-  are stored in their tensor's dtype;
-- a logit of a pad (``valid`` 0) is −inf, and a row whose every logit is −inf gives o = 0, μ = −inf,
-  s = 0 and zero gradients, never NaN (the max is replaced by 0 where it is −inf);
-- a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage, never atomic (the autotuner
-  re-runs a kernel, and an atomic would add twice): phase 2's backward and phase 1's ∂/∂q kernel
-  (:func:`phase1_bwd_q`, from the logits' gradient gℓ (n·m floats per row) that phase 1's backward
-  writes) write each program's partial sums over its rows as one float32 row, which the launcher
-  sums in one torch reduction (a row loop inside phase 1's backward, over an unrolled loop of n
-  sources, would keep every source's addresses live across it and spill on sm_90:
-  tests/fused_compile.py; :func:`phase1_bwd_q` loops over the sources outside its row loop).
+- a token row is one (d,) row of a contiguous (B, T, d) tensor, R = B·T rows; offsets are int64; ``R_BUCKET`` (the
+  least power of two ≥ R) is read by no kernel: it is a key of the autotuner (``fused_launch.KEYS``), so a launch
+  over far more rows than the one tuned first gets its own config;
+- the pool's sources, a block's updates and a query's own tensors come as a tuple of pointers (one specialisation
+  per tuple length), never stacked into one tensor (a stack would cost a write and a read);
+- loads are converted to float32 and every dot, norm and softmax statistic accumulates in float32 (row-wise products
+  and ``tl.sum``, no ``tl.dot``: no TF32 on any device); outputs are stored in their tensor's dtype;
+- a logit of a pad (``valid`` 0) is −inf, and a row whose every logit is −inf gives o = 0, μ = −inf, s = 0 and zero
+  gradients, never NaN (the max is replaced by 0 where it is −inf);
+- a reduction across token rows (∂/∂q, ∂/∂bias) is two-stage, never atomic (the autotuner re-runs a kernel, and an
+  atomic would add twice): phase 2's backward and :func:`phase1_bwd_q` (from the logits' gradient gℓ that phase 1's
+  backward writes) write each program's partial sums as one float32 row, which one torch sum reduces (a row loop in
+  phase 1's backward, over an unrolled loop of n sources, would keep every source's addresses live and spill on
+  sm_90: tests/fused_compile.py; :func:`phase1_bwd_q` loops over the sources outside its row loop).
 """
 
 from __future__ import annotations
@@ -33,22 +27,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-#: −inf as a Triton constant (a kernel reads a module global only as a constexpr)
-NEG_INF = tl.constexpr(float("-inf"))
-
-
-@triton.jit
-def _inv_rms(v, d, eps):
-    """The key's inverse RMS rsqrt(mean(v²) + ε) of one source row v (BLOCK_D,) float32 (zero past
-    d): computed by phase 1 where it loads the row (no pass of its own, no cached statistic)."""
-    return tl.rsqrt(tl.sum(v * v, axis=0) / d + eps)
+NEG_INF = tl.constexpr(float("-inf"))  # a kernel reads a module global only as a constexpr
 
 
 @triton.jit
 def rms_match(D, C, out, scale, R, d, eps, max_scale, R_BUCKET, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A completed block's detail RMS-matched to its C (``routers.mixer.rms_match``), BLOCK_R rows
-    per program: scale = min(ρ, rms(C)/(rms(D) + ε)) rounded to D's dtype, as the plain op's, into
-    ``scale`` (R,) and out = D·scale."""
+    """A completed block's detail RMS-matched to its C (``routers.mixer.rms_match``), BLOCK_R rows per program: scale
+    = min(ρ, rms(C)/(rms(D) + ε)) rounded to D's dtype, as the plain op's, into ``scale`` (R,) and out = D·scale."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     live = rows < R
@@ -76,9 +61,8 @@ def _details(details, row, d, cols, cm, K: tl.constexpr, BLOCK_K: tl.constexpr, 
 @triton.jit
 def _merge_weights(qv, Pv, Dt, mu, sv, bias, d, eps, max_scale, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BLOCK_K: tl.constexpr):
-    """Phase 2's softmax over (o, P, c·D) of one token: returns the weights w_o, w_P (scalars) and
-    w_D (BLOCK_K,), the gains c, the dots t_P = q·P and t_D = q·D, r_P = rsqrt(mean P² + ε) and
-    ρ_D = rsqrt(c²·mean D² + ε)."""
+    """Phase 2's softmax over (o, P, c·D) of one token: returns the weights w_o, w_P (scalars) and w_D (BLOCK_K,),
+    the gains c, the dots t_P = q·P and t_D = q·D, r_P = rsqrt(mean P² + ε) and ρ_D = rsqrt(c²·mean D² + ε)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < K
     ms_p = tl.sum(Pv * Pv, axis=0) / d
@@ -105,17 +89,17 @@ def _merge_weights(qv, Pv, Dt, mu, sv, bias, d, eps, max_scale, K: tl.constexpr,
 @triton.jit
 def phase2_fwd(o, mx, s, q, P, u, P_out, details, bias, h, R, d, eps, max_scale, R_BUCKET, K: tl.constexpr,
                CHAIN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """h = w_o·o + w_P·P + Σ_j w_j·c_j·D_j for one token row (the merge of
-    ``routers.block.phases.merge``: o's logit is phase 1's log-sum-exp μ + log s). ``CHAIN``: the
-    partial sum is P + u, rounded to P's dtype as the running sum's add, and written to P_out
-    (the block's running sum passes through this kernel: no add of its own)."""
+    """h = w_o·o + w_P·P + Σ_j w_j·c_j·D_j for one token row (the merge of ``routers.block.phases.merge``: o's logit
+    is phase 1's log-sum-exp μ + log s). ``CHAIN``: the partial sum is P + u, rounded to P's dtype as the running
+    sum's add, and written to P_out (the block's running sum passes through this kernel: no add of its own)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     cm = cols < d
     qv = tl.load(q + cols, mask=cm, other=0.0).to(tl.float32)
     Pv = tl.load(P + row * d + cols, mask=cm, other=0.0)
     if CHAIN:
-        Pv = (Pv.to(tl.float32) + tl.load(u + row * d + cols, mask=cm, other=0.0).to(tl.float32)).to(P_out.dtype.element_ty)
+        uv = tl.load(u + row * d + cols, mask=cm, other=0.0).to(tl.float32)
+        Pv = (Pv.to(tl.float32) + uv).to(P_out.dtype.element_ty)
         tl.store(P_out + row * d + cols, Pv, mask=cm)
     Pv = Pv.to(tl.float32)
     ov = tl.load(o + row * d + cols, mask=cm, other=0.0).to(tl.float32)
@@ -127,20 +111,18 @@ def phase2_fwd(o, mx, s, q, P, u, P_out, details, bias, h, R, d, eps, max_scale,
 
 
 @triton.jit(do_not_specialize=["bits"])
-def phase2_bwd(g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
-               R, d, eps, max_scale, rows_per_prog, R_BUCKET, K: tl.constexpr, U: tl.constexpr, HAS_GPN: tl.constexpr,
-               HAS_BIAS: tl.constexpr,
-               HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows (``HAS_GPN``: of a chained
-    merge, whose P's gradient g_pn is added to ∂P, which is then P_prev's and u's): P and the details are
-    rebuilt from the block's updates u_0 … u_{p−1} (oldest first) by the forward's own sums, each
-    rounded to the updates' dtype (coefficient of update i in detail kind k_lo + j: bit
-    i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). The gain c is a constant
-    here, as it is detached in ``routers.block.phases.merge``. With every weight w:
-    gℓ_S = w_S(g·S − g·h) for S = P, c·D; ∂/∂o = w_o·g; ∂/∂s = −Σ gℓ / s; ∂/∂S = w_S·g + k_q·q + k_s·S
-    with k_q = gℓ·c·ρ and k_s = −k_q·c²·t·ρ²/d. ∂/∂q and ∂/∂bias: this program's partial sums, one
-    row of ``part`` (programs, d + BLOCK_K) float32 (∂/∂q, then ∂/∂bias), which the launcher sums
-    in one reduction."""
+def phase2_bwd(g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part, R, d, eps,
+               max_scale, rows_per_prog, boff, KT, R_BUCKET, K: tl.constexpr, U: tl.constexpr, HAS_GPN: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_COEF_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KT: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """The gradient of :func:`phase2_fwd` over ``rows_per_prog`` rows (``HAS_GPN``: of a chained merge, whose P's
+    gradient g_pn is added to ∂P, which is then P_prev's and u's): P and the details are rebuilt from the block's
+    updates u_0 … u_{p−1} (oldest first) by the forward's own sums, each rounded to the updates' dtype (coefficient
+    of update i in detail kind k_lo + j: bit i·n_kinds + k_lo + j of ``bits``, or ``coef_t[i, k_lo + j]``). The gain
+    c is a constant here, as it is detached in ``routers.block.phases.merge``. With every weight w: gℓ_S = w_S(g·S −
+    g·h) for S = P, c·D; ∂/∂o = w_o·g; ∂/∂s = −Σ gℓ / s; ∂/∂S = w_S·g + k_q·q + k_s·S with k_q = gℓ·c·ρ and k_s =
+    −k_q·c²·t·ρ²/d. ∂/∂q and ∂/∂bias: this program's partial sums, one row of ``part`` (programs, d + KT) float32
+    (∂/∂q, then ∂/∂bias at KT columns from ``boff``), which the launcher sums in one reduction."""
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     cm = cols < d
@@ -193,19 +175,24 @@ def phase2_bwd(g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds,
                  mask=km[:, None] & lm[None, :])
         gq += kq_p * Pv + tl.sum(kq_d[:, None] * Dt, axis=0)
         gb += gl_d
-    tl.store(part + pid * (d + BLOCK_K) + cols, gq, mask=cm)
-    if HAS_BIAS:
-        tl.store(part + pid * (d + BLOCK_K) + d + kk, gb)
+    tl.store(part + pid * (d + KT) + cols, gq, mask=cm)
+    if HAS_BIAS:  # ∂bias at columns boff … boff + K − 1 of the KT after ∂q, zeros in the others
+        kt = tl.arange(0, BLOCK_KT)
+        tl.store(part + pid * (d + KT) + d + kt, 0.0, mask=(kt < KT) & ((kt < boff) | (kt >= boff + K)))
+        tl.store(part + pid * (d + KT) + d + boff + kk, gb, mask=km)
 
 
 @triton.jit
-def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr):
-    """Logits (BLOCK_M,) of the m queries Q over source i: (q·v)·r + bias[m, i], −inf for a pad;
-    also the raw dots q·v."""
+def _logits(Q, v, rr, bias, codes, valid, mi, mm, i, KB, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr):
+    """Logits (BLOCK_M,) of the m queries Q over source i: (q·v)·r + its bias, −inf for a pad; also the raw dots q·v.
+    The bias of source i is its kind's column of the queries' detail-bias rows (m, KB): kind code c = codes[i],
+    column c − 1, none for a state source (c = 0)."""
     dot = tl.sum(Q * v[None, :], axis=1)
     logit = dot * rr
     if HAS_BIAS:
-        logit += tl.load(bias + mi * N + i, mask=mm, other=0.0).to(tl.float32)
+        code = tl.load(codes + i)
+        b = tl.load(bias + mi * KB + tl.maximum(code - 1, 0), mask=mm, other=0.0).to(tl.float32)
+        logit += tl.where(code > 0, b, 0.0)
     if HAS_VALID:
         logit = tl.where(tl.load(valid + i) != 0, logit, NEG_INF)
     return logit, dot
@@ -213,9 +200,9 @@ def _logits(Q, v, rr, bias, valid, mi, mm, i, N: tl.constexpr, HAS_BIAS: tl.cons
 
 @triton.jit
 def _bases(ptrs, mi, NQ: tl.constexpr):
-    """(BLOCK_M,) pointers: for each query ``mi``, its own tensor of the tuple ``ptrs`` (m tensors,
-    one per query; the first past m). A vector of NQ − 1 selects, so a load or store of every
-    query's row is one masked access, as over one (m, …) tensor."""
+    """(BLOCK_M,) pointers: for each query ``mi``, its own tensor of the tuple ``ptrs`` (m tensors, one per query;
+    the first past m). A vector of NQ − 1 selects, so a load or store of every query's row is one masked access, as
+    over one (m, …) tensor."""
     base = ptrs[0] + tl.zeros_like(mi)
     for j in tl.static_range(1, NQ):
         base = tl.where(mi == j, ptrs[j], base)
@@ -224,9 +211,9 @@ def _bases(ptrs, mi, NQ: tl.constexpr):
 
 @triton.jit
 def _gather(ptrs, row, d, cols, cm, mi, mm, other, NQ: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr):
-    """The per-query tensors ``ptrs`` (a tuple of NQ; query i's is absent where bit i of ``BITS`` is
-    0) of the queries ``mi`` at ``row``: their (d,) rows as a (BLOCK_M, BLOCK_D) float32 tile
-    (``ROWS``) or their (R,) entries as a (BLOCK_M,) vector; ``other`` where absent."""
+    """The per-query tensors ``ptrs`` (a tuple of NQ; query i's is absent where bit i of ``BITS`` is 0) of the
+    queries ``mi`` at ``row``: their (d,) rows as a (BLOCK_M, BLOCK_D) float32 tile (``ROWS``) or their (R,) entries
+    as a (BLOCK_M,) vector; ``other`` where absent."""
     base = _bases(ptrs, mi, NQ)
     live = mm & (((BITS >> mi) & 1) != 0)
     if ROWS:
@@ -238,26 +225,29 @@ def _gather(ptrs, row, d, cols, cm, mi, mm, other, NQ: tl.constexpr, BITS: tl.co
 
 @triton.jit
 def _scatter(ptrs, x, row, d, cols, cm, mi, mm, NQ: tl.constexpr, ROWS: tl.constexpr):
-    """Store each query's entry of ``x`` ((BLOCK_M, BLOCK_D) rows with ``ROWS``, else (BLOCK_M,))
-    into its own tensor of the tuple ``ptrs`` at ``row``."""
+    """Store each query's entry of ``x`` ((BLOCK_M, BLOCK_D) rows with ``ROWS``, else (BLOCK_M,)) into its own tensor
+    of the tuple ``ptrs`` at ``row``."""
     base = _bases(ptrs, mi, NQ)
     if ROWS:
-        tl.store(base[:, None] + row * d + cols[None, :], x.to(ptrs[0].dtype.element_ty), mask=mm[:, None] & cm[None, :])
+        tl.store(base[:, None] + row * d + cols[None, :], x.to(ptrs[0].dtype.element_ty),
+                 mask=mm[:, None] & cm[None, :])
     else:
         tl.store(base + row, x.to(ptrs[0].dtype.element_ty), mask=mm)
 
 
 @triton.jit
-def phase1_fwd(values, q, bias, valid, o, mx, s, qc, inv, R, d, eps, n_q, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr,
-               HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_O: tl.constexpr, WRITE_Q: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """m = n_q = NQ queries q (m, d) over the N sources of one token row, by online softmax in one
-    pass over the sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; the
-    launcher keeps a program's BLOCK_M × BLOCK_D float32 tiles at 4,096 floats, past which they
-    spill on sm_90). Each query's results go to tensors of its own (tuples of m): o_i (R, d) unless
-    ``WRITE_O`` is off, μ_i the max and s_i the sum of exp(logit − μ_i) (R,), and with ``WRITE_Q``
-    the programs of row 0 copy q_i into qc_i (d,) float32 (the query phase 2 takes, so that its
-    gradient returns through this op's backward)."""
+def phase1_fwd(values, q, bias, codes, valid, o, mx, s, qc, inv, R, d, eps, n_q, KB, R_BUCKET, N: tl.constexpr,
+               NQ: tl.constexpr, HAS_BIAS: tl.constexpr, QB: tl.constexpr, HAS_VALID: tl.constexpr,
+               WRITE_O: tl.constexpr, WRITE_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_KB: tl.constexpr):
+    """m = n_q = NQ queries q (m, d) over the N sources of one token row, by online softmax in one pass over the
+    sources, BLOCK_M queries per program (program (row, g): queries g·BLOCK_M …; the launcher keeps a program's
+    BLOCK_M × BLOCK_D float32 tiles at 4,096 floats, past which they spill on sm_90). Each query's results go to
+    tensors of its own (tuples of m): o_i (R, d) unless ``WRITE_O`` is off, μ_i the max and s_i the sum of exp(logit
+    − μ_i) (R,), and with ``WRITE_Q`` the programs of row 0 copy q_i into qc_i (d,) float32, followed with ``QB`` by
+    its detail-bias row (KB) (the query and biases phase 2 takes, so that their gradients return through this op's
+    backward). The pool's biases: ``HAS_BIAS``, the queries' detail-bias rows bias (m, KB) by the sources' kind codes
+    (:func:`_logits`)."""
     row = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1).to(tl.int64)
     mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -270,9 +260,9 @@ def phase1_fwd(values, q, bias, valid, o, mx, s, qc, inv, R, d, eps, n_q, R_BUCK
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        rr = _inv_rms(v, d, eps)
+        rr = tl.rsqrt(tl.sum(v * v, axis=0) / d + eps)  # the key's inverse RMS, from the row loaded
         tl.store(inv + i * R + row, rr, mask=grp == 0)
-        logit, _ = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        logit, _ = _logits(Q, v, rr, bias, codes, valid, mi, mm, i, KB, HAS_BIAS, HAS_VALID)
         m_new = tl.maximum(m_run, logit)
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         alpha = tl.exp(m_run - m_safe)
@@ -288,12 +278,16 @@ def phase1_fwd(values, q, bias, valid, o, mx, s, qc, inv, R, d, eps, n_q, R_BUCK
     if WRITE_Q:
         if row == 0:
             _scatter(qc, Q, row, 0, cols, cm, mi, mm, NQ, True)
+            if QB:  # each query's detail-bias row after it: (d + KB,)
+                kb = tl.arange(0, BLOCK_KB)
+                B = tl.load(bias + mi[:, None] * KB + kb[None, :], mask=mm[:, None] & (kb < KB)[None, :], other=0.0)
+                _scatter(qc, B, 1, d, kb, kb < KB, mi, mm, NQ, True)
 
 
 @triton.jit
 def _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, d, NQ: tl.constexpr):
-    """The queries ``mi`` (BLOCK_M, BLOCK_D) and their phase-1 statistics at ``row`` (μ and s: tuples
-    of m tensors (R,)): μ (−inf replaced by 0), s, and s with 0 replaced by 1 (a fully masked row)."""
+    """The queries ``mi`` (BLOCK_M, BLOCK_D) and their phase-1 statistics at ``row`` (μ and s: tuples of m tensors
+    (R,)): μ (−inf replaced by 0), s, and s with 0 replaced by 1 (a fully masked row)."""
     Q = tl.load(q + mi[:, None] * d + cols[None, :], mask=mm[:, None] & cm[None, :], other=0.0).to(tl.float32)
     mu = _gather(mx, row, d, cols, cm, mi, mm, 0.0, NQ, (1 << NQ) - 1, False)
     sv = _gather(s, row, d, cols, cm, mi, mm, 1.0, NQ, (1 << NQ) - 1, False)
@@ -301,22 +295,20 @@ def _queries_and_stats(q, mx, s, mi, mm, cols, cm, row, d, NQ: tl.constexpr):
 
 
 @triton.jit
-def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
-               R, d, n_q, row0, RC, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr, HAS_BIAS: tl.constexpr,
+def phase1_bwd(values, inv, q, bias, codes, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
+               R, d, n_q, KB, row0, RC, R_BUCKET, N: tl.constexpr, NQ: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_VALID: tl.constexpr, GO_BITS: tl.constexpr, GS_BITS: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_D: tl.constexpr):
-    """The gradient of :func:`phase1_fwd` for one token row and BLOCK_M queries (program (row, g)
-    as :func:`phase1_fwd`), recomputed from the sources, their inverse RMS and the float32 μ, s:
-    β = exp(ℓ − μ)/s, gℓ = β(g_o·V − g_dot) + β·s·g_s with g_dot = Σβ g_o·V from
-    :func:`phase1_bwd_dot` (a pass of its own: in one kernel the compiler keeps every source's row
-    live from one pass to the next, and spills). g_o and g_s are tuples of m, query i's present
-    where bit i of ``GO_BITS`` / ``GS_BITS`` is set. Writes ∂/∂V_i = Σ_m β g_o + (gℓ·r) q −
-    (Σ_m gℓ·(q·V_i))·r³·V_i/d (the last term through the key's inverse RMS r, which phase 1 wrote) into
-    g_v[g, i] (groups, N, R, d), summed over the queries of its group (the launcher sums the
-    groups), and gℓ into g_l (N, m, R),
-    from which :func:`phase1_bwd_q` sums ∂/∂q and ∂/∂bias over the rows (a loop over rows here
-    would keep each source's addresses live across it, and spill). A launch covers the rows
-    row0 … row0 + programs − 1, and g_v holds RC rows from row0 (the launcher's chunk)."""
+    """The gradient of :func:`phase1_fwd` for one token row and BLOCK_M queries (program (row, g) as
+    :func:`phase1_fwd`), recomputed from the sources, their inverse RMS and the float32 μ, s: β = exp(ℓ − μ)/s, gℓ =
+    β(g_o·V − g_dot) + β·s·g_s with g_dot = Σβ g_o·V from :func:`phase1_bwd_dot` (a pass of its own: in one kernel
+    the compiler keeps every source's row live from one pass to the next, and spills). g_o and g_s are tuples of m,
+    query i's present where bit i of ``GO_BITS`` / ``GS_BITS`` is set. Writes ∂/∂V_i = Σ_m β g_o + (gℓ·r) q − (Σ_m
+    gℓ·(q·V_i))·r³·V_i/d (the last term through the key's inverse RMS r, which phase 1 wrote) into g_v[g, i] (groups,
+    N, R, d), summed over the queries of its group (the launcher sums the groups), and gℓ into g_l (N, m, R), from
+    which :func:`phase1_bwd_q` sums ∂/∂q and ∂/∂bias over the rows (a loop over rows here would keep each source's
+    addresses live across it, and spill). A launch covers the rows row0 … row0 + programs − 1, and g_v holds RC rows
+    from row0 (the launcher's chunk)."""
     row = row0 + tl.program_id(0).to(tl.int64)
     lrow = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1).to(tl.int64)
@@ -332,7 +324,7 @@ def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
         rr = tl.load(inv + i * R + row)
-        logit, dot = _logits(Q, v, rr, bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        logit, dot = _logits(Q, v, rr, bias, codes, valid, mi, mm, i, KB, HAS_BIAS, HAS_VALID)
         beta = tl.where(mm, tl.exp(logit - mu) / s_safe, 0.0)
         gl = beta * sv * gs
         if GO_BITS != 0:
@@ -346,11 +338,11 @@ def phase1_bwd(values, inv, q, bias, valid, mx, s, g_o, g_s, g_dot, g_v, g_l,
 
 
 @triton.jit
-def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o, g_dot, R, d, n_q, R_BUCKET, N: tl.constexpr,
+def phase1_bwd_dot(values, inv, q, bias, codes, valid, mx, s, g_o, g_dot, R, d, n_q, KB, R_BUCKET, N: tl.constexpr,
                    NQ: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALID: tl.constexpr, GO_BITS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """g_dot (m, R) = Σ_i β_i·(g_o·V_i) = g_o·o per query and row, recomputed from the sources (the
-    first pass of :func:`phase1_bwd`; program (row, g) as :func:`phase1_fwd`)."""
+    """g_dot (m, R) = Σ_i β_i·(g_o·V_i) = g_o·o per query and row, recomputed from the sources (the first pass of
+    :func:`phase1_bwd`; program (row, g) as :func:`phase1_fwd`)."""
     row = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1).to(tl.int64)
     mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -362,31 +354,36 @@ def phase1_bwd_dot(values, inv, q, bias, valid, mx, s, g_o, g_dot, R, d, n_q, R_
     acc = tl.zeros((BLOCK_M,), tl.float32)
     for i in tl.static_range(N):
         v = tl.load(values[i] + row * d + cols, mask=cm, other=0.0).to(tl.float32)
-        logit, _ = _logits(Q, v, tl.load(inv + i * R + row), bias, valid, mi, mm, i, N, HAS_BIAS, HAS_VALID)
+        logit, _ = _logits(Q, v, tl.load(inv + i * R + row), bias, codes, valid, mi, mm, i, KB, HAS_BIAS, HAS_VALID)
         acc += tl.exp(logit - mu) / s_safe * tl.sum(G * v[None, :], axis=1)
     tl.store(g_dot + mi * R + row, acc, mask=mm)
 
 
 @triton.jit
-def phase1_bwd_q(values, inv, g_l, g_qc, part, R, d, n_q, width, rows_per_prog, R_BUCKET, N: tl.constexpr,
-                 NQ: tl.constexpr, GQ_BITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
-    """This program's partial sums, over its ``rows_per_prog`` rows, of ∂/∂q = Σ_rows Σ_i (gℓ_i·r_i) V_i
-    (m, d) and ∂/∂bias = Σ_rows gℓ (m, N), from :func:`phase1_bwd`'s gℓ (N, m, R): one row of
-    ``part`` (programs, ``width`` = m·d, + m·N with a bias) float32, which the launcher sums in one reduction. Program
-    (p, g) takes the queries of group g; the sources are the outer loop, so one source's addresses
-    are live in the row loop. Program 0 adds the gradients of the query copies (``g_qc``, a tuple
-    of m (d,) float32, query i's present where bit i of ``GQ_BITS`` is set: phase 2's ∂/∂q)."""
+def phase1_bwd_q(values, inv, g_l, g_qc, codes, part, R, d, n_q, KB, width, rows_per_prog, R_BUCKET,
+                 N: tl.constexpr, NQ: tl.constexpr, GQ_BITS: tl.constexpr, HAS_BIAS: tl.constexpr, QB: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr):
+    """This program's partial sums, over its ``rows_per_prog`` rows, of ∂/∂q = Σ_rows Σ_i (gℓ_i·r_i) V_i (m, d) and,
+    with the detail-bias rows (``QB``), ∂/∂rows (m, KB): Σ_rows gℓ_i into source i's kind column (``HAS_BIAS``: the
+    pool has details, kind codes ``codes``), from :func:`phase1_bwd`'s gℓ (N, m, R): one row of ``part`` (programs,
+    ``width`` = m·d, + m·KB with the rows) float32, which the launcher sums in one reduction. Program (p, g) takes
+    the queries of group g; the sources are the outer loop, so one source's addresses are live in the row loop.
+    Program 0 adds the gradients of the query copies (``g_qc``, a tuple of m (d + KB,) float32, query i's present
+    where bit i of ``GQ_BITS`` is set: phase 2's ∂/∂q and ∂/∂bias)."""
     pid = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1).to(tl.int64)
     mi = grp * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
+    kb = tl.arange(0, BLOCK_KB)
     mm = mi < n_q
     cm = cols < d
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    gbk = tl.zeros((BLOCK_M, BLOCK_KB), tl.float32)
     if GQ_BITS != 0:
         if pid == 0:
             acc += _gather(g_qc, 0, 0, cols, cm, mi, mm, 0.0, NQ, GQ_BITS, True)
+            if QB:
+                gbk += _gather(g_qc, 1, d, kb, kb < KB, mi, mm, 0.0, NQ, GQ_BITS, True)
     for i in tl.static_range(N):
         gb = tl.zeros((BLOCK_M,), tl.float32)
         for t in range(0, rows_per_prog):
@@ -397,5 +394,8 @@ def phase1_bwd_q(values, inv, g_l, g_qc, part, R, d, n_q, width, rows_per_prog, 
             acc += (gl * tl.load(inv + i * R + row, mask=live, other=0.0))[:, None] * v[None, :]
             gb += gl
         if HAS_BIAS:
-            tl.store(part + pid * width + n_q * d + mi * N + i, gb, mask=mm)
+            gbk += tl.where(kb[None, :] == tl.load(codes + i) - 1, gb[:, None], 0.0)
+    if QB:
+        tl.store(part + pid * width + n_q * d + mi[:, None] * KB + kb[None, :], gbk,
+                 mask=mm[:, None] & (kb < KB)[None, :])
     tl.store(part + pid * width + mi[:, None] * d + cols[None, :], acc, mask=mm[:, None] & cm[None, :])

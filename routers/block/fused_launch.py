@@ -207,26 +207,30 @@ def _split(R: int, device: torch.device) -> tuple[int, int]:
     return -(-R // per), per
 
 
-def run_phase1(mod: ModuleType, values: Sequence[Tensor], q: Tensor, bias: Tensor | None, valid: Tensor | None,
-               write_o: bool, write_q: bool = False) -> tuple[list[Tensor], ...]:
+def run_phase1(mod: ModuleType, values: Sequence[Tensor], q: Tensor, rows: Tensor | None, codes: Tensor | None,
+               valid: Tensor | None, write_o: bool, write_q: bool = False) -> tuple[list[Tensor], ...]:
     """(o, μ, s, q copies, inv): the first four lists of m tensors of their own, one per query: o_i
     (B, T, d) in the sources' dtype (none without ``write_o``), μ_i and s_i (B, T) float32, and with
-    ``write_q`` q_i as a (d,) float32 copy (none without); inv (n, B, T) float32, each key's inverse
-    RMS, for the backward."""
+    ``write_q`` q_i as a float32 copy followed by its detail-bias row, (d + K,) (none without); inv
+    (n, B, T) float32, each key's inverse RMS, for the backward. ``rows`` (m, K): the queries'
+    detail-bias rows, or None; ``codes`` (n,) int64: the sources' kind codes
+    (``routers.block.plan.code_bias``), where the pool has details and ``rows`` are given, else None."""
     v0 = values[0]
     R, d = _rows(v0)
     m, n = q.shape[0], len(values)
     o = [v0.new_empty(v0.shape) for _ in range(m)] if write_o else []
     mx = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(m)]
     s = [v0.new_empty(v0.shape[:-1], dtype=torch.float32) for _ in range(m)]
-    qc = [q.new_empty((d,), dtype=torch.float32) for _ in range(m)] if write_q else []
+    kb = 0 if rows is None else rows.shape[1]
+    qc = [q.new_empty((d + kb,), dtype=torch.float32) for _ in range(m)] if write_q else []
     inv = v0.new_empty((n, *v0.shape[:-1]), dtype=torch.float32)
     bm = query_block(m, d)
     launcher(mod, "phase1_fwd", d)((R, -(-m // bm)))(
-        tuple(values), q, q if bias is None else bias, q if valid is None else valid.view(torch.uint8),
-        tuple(o or mx), tuple(mx), tuple(s), tuple(qc or mx), inv, R, d, EPS, m, R_BUCKET=pow2(R), N=n, NQ=m,
-        HAS_BIAS=bias is not None, HAS_VALID=valid is not None, WRITE_O=write_o, WRITE_Q=write_q, BLOCK_M=bm,
-        BLOCK_D=pow2(d))
+        tuple(values), q, q if rows is None else rows, inv if codes is None else codes,
+        q if valid is None else valid.view(torch.uint8), tuple(o or mx), tuple(mx), tuple(s), tuple(qc or mx), inv, R, d,
+        EPS, m, kb, R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=codes is not None, QB=rows is not None,
+        HAS_VALID=valid is not None, WRITE_O=write_o, WRITE_Q=write_q, BLOCK_M=bm, BLOCK_D=pow2(d),
+        BLOCK_KB=pow2(max(kb, 2)))
     return o, mx, s, qc, inv
 
 
@@ -243,11 +247,11 @@ def _present(ts: Sequence[Tensor | None], m: int, dummy: Tensor) -> tuple[Tensor
     return tuple((fill if t is None else t).contiguous() for t in ts)
 
 
-def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Tensor, q: Tensor, bias: Tensor | None,
-                   valid: Tensor | None, mx: Sequence[Tensor], s: Sequence[Tensor], g_o: Sequence[Tensor | None],
+def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Tensor, q: Tensor, rows: Tensor | None,
+                   codes: Tensor | None, valid: Tensor | None, mx: Sequence[Tensor], s: Sequence[Tensor], g_o: Sequence[Tensor | None],
                    g_s: Sequence[Tensor | None], g_qc: Sequence[Tensor | None] = ()) -> tuple[Tensor, Tensor]:
     """(∂/∂values (n, …, d) (through the keys' inverse RMS too, ``inv`` (n, B, T) as phase 1 wrote
-    it), ∂/∂q and ∂/∂bias as one float32 vector (m·d, then m·n with a bias)). μ, s, the output gradients g_o, ∂s and the query copies' gradients
+    it), ∂/∂q and ∂/∂rows as one float32 vector (m·d, then m·K with the detail-bias rows)). μ, s, the output gradients g_o, ∂s and the query copies' gradients
     g_qc are lists of m (a None where a gradient is absent; g_o and g_qc may be empty).
     ∂/∂q = Σ_rows Σ_i (gℓ_i·r_i) V_i + ∂q_copy and ∂/∂bias = Σ_rows gℓ are reduced in the kernel
     :func:`phase1_bwd_q` per program over its rows, and over the programs by one torch sum.
@@ -271,33 +275,35 @@ def run_phase1_bwd(mod: ModuleType, values: Sequence[Tensor], inv: Tensor, q: Te
         out_v = v0.new_empty((n, *v0.shape))
         g_v = v0.new_empty((groups, n, chunk, d), dtype=torch.float32)
     go_bits, dummy = _bits(g_o), mx[0]
-    pool = (tuple(values), inv, q, q if bias is None else bias,
+    kb = 0 if rows is None else rows.shape[1]
+    pool = (tuple(values), inv, q, q if rows is None else rows, inv if codes is None else codes,
             q if valid is None else valid.view(torch.uint8), tuple(mx), tuple(s))
     g_o = _present(g_o, m, dummy)
     g_dot = dummy
     if go_bits:
         g_dot = v0.new_empty((m, *v0.shape[:-1]), dtype=torch.float32)
         launcher(mod, "phase1_bwd_dot", d)((R, groups))(
-            *pool, g_o, g_dot, R, d, m, R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=bias is not None,
+            *pool, g_o, g_dot, R, d, m, kb, R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=codes is not None,
             HAS_VALID=valid is not None, GO_BITS=go_bits, BLOCK_M=bm, BLOCK_D=pow2(d))
     rest = (g_o, _present(g_s, m, dummy), g_dot)
-    flags = dict(R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=bias is not None, HAS_VALID=valid is not None,
+    flags = dict(R_BUCKET=pow2(R), N=n, NQ=m, HAS_BIAS=codes is not None, HAS_VALID=valid is not None,
                  GO_BITS=go_bits, GS_BITS=_bits(g_s), BLOCK_M=bm, BLOCK_D=pow2(d))
     if groups == 1:
-        launcher(mod, "phase1_bwd", d)((R, 1))(*pool, *rest, g_v, g_l, R, d, m, 0, R, **flags)
+        launcher(mod, "phase1_bwd", d)((R, 1))(*pool, *rest, g_v, g_l, R, d, m, kb, 0, R, **flags)
         g_v = g_v[0]
     else:  # the second stage of the sum over query groups, a chunk of rows at a time
         for r0 in range(0, R, chunk):
             rc = min(chunk, R - r0)
-            launcher(mod, "phase1_bwd", d)((rc, groups))(*pool, *rest, g_v, g_l, R, d, m, r0, chunk, **flags)
+            launcher(mod, "phase1_bwd", d)((rc, groups))(*pool, *rest, g_v, g_l, R, d, m, kb, r0, chunk, **flags)
             out_v.view(n, R, d)[:, r0:r0 + rc] = g_v[:, :, :rc].sum(0)
         g_v = out_v
     progs, per = _split(R, v0.device)
-    width = m * d + (m * n if bias is not None else 0)
+    width = m * (d + kb)
     part = v0.new_empty((progs, width), dtype=torch.float32)
     launcher(mod, "phase1_bwd_q", d)((progs, groups))(
-        tuple(values), inv, g_l, _present(g_qc, m, dummy), part, R, d, m, width, per, R_BUCKET=pow2(R), N=n,
-        NQ=m, GQ_BITS=_bits(g_qc), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_D=pow2(d))
+        tuple(values), inv, g_l, _present(g_qc, m, dummy), inv if codes is None else codes, part, R, d, m, kb, width,
+        per, R_BUCKET=pow2(R), N=n, NQ=m, GQ_BITS=_bits(g_qc), HAS_BIAS=codes is not None, QB=rows is not None,
+        BLOCK_M=bm, BLOCK_D=pow2(d), BLOCK_KB=pow2(max(kb, 2)))
     return g_v, part.sum(0)
 
 
@@ -314,12 +320,14 @@ def phase1_bwd_chunk(n: int, m: int, R: int, d: int, itemsize: int, groups: int)
 
 def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor,
                details: Sequence[Tensor], bias: Tensor | None, max_scale: float,
-               u: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+               u: Tensor | None = None, k_lo: int = 0) -> tuple[Tensor, Tensor | None]:
     """(h, P + u) of one read: with ``u`` (a chained merge) the partial sum is P + u, written out
-    beside h; else (h, None)."""
+    beside h; else (h, None). q is (d,), or (d + K,) with the detail biases of every kind after the
+    query (phase 1's copy), the seen ones from ``k_lo``: ``bias`` is then None."""
     R, d = _rows(P)
     K = len(details)
-    if o.shape != P.shape or mx.shape != P.shape[:-1] or s.shape != mx.shape or q.shape != (d,):
+    bias = _carried_bias(q, d, k_lo, K, bias)
+    if o.shape != P.shape or mx.shape != P.shape[:-1] or s.shape != mx.shape or q.dim() != 1 or q.shape[0] < d:
         raise ValueError(f"phase 2 of one read takes o and P {tuple(P.shape)}, mu and s {tuple(P.shape[:-1])} and "
                          f"q ({d},); got o {tuple(o.shape)}, mu {tuple(mx.shape)}, s {tuple(s.shape)}, q {tuple(q.shape)}")
     h = torch.empty_like(o)
@@ -331,22 +339,32 @@ def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: 
     return h, P_out
 
 
+def _carried_bias(q: Tensor, d: int, k_lo: int, K: int, bias: Tensor | None) -> Tensor | None:
+    """The seen details' biases: ``bias``, or where q carries every kind's after it, their view."""
+    return q[d + k_lo:d + k_lo + K] if q.shape[0] > d and K else bias
+
+
 def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Tensor | None,
                    updates: Sequence[Tensor], coef_t: Tensor | None, bits: int, k_lo: int, n_kinds: int, K: int,
                    max_scale: float, g_pn: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(∂o, ∂s, ∂P, ∂details (K, …), ∂q and ∂bias as one float32 vector (d, then BLOCK_K)); with
-    ``g_pn`` (a chained merge: the gradient of its P + u) ∂P includes it."""
+    """(∂o, ∂s, ∂P, ∂details (K, …), ∂q and ∂bias as one float32 vector: (d, then K) with ``bias``,
+    or q's own shape (d + every kind's bias) where q carries them, zero for the kinds not seen);
+    with ``g_pn`` (a chained merge: the gradient of its P + u) ∂P includes it."""
     R, d = _rows(h)
+    carried = q.shape[0] > d
+    bias = _carried_bias(q, d, k_lo, K, bias)
+    kt = q.shape[0] - d if carried else (K if bias is not None else 0)
     progs, per = _split(R, h.device)
     bk = pow2(max(K, 2))
     u0 = updates[0]
     g_o, g_p = torch.empty_like(h), torch.empty_like(u0)
     g_s = mx.new_empty(mx.shape)
     g_d = u0.new_empty((K, *u0.shape))
-    part = mx.new_empty((progs, d + bk))
+    part = mx.new_empty((progs, d + kt))
     launcher(mod, "phase2_bwd", d)((progs,))(
         g.contiguous(), g if g_pn is None else g_pn.contiguous(), h, mx, s, q, q if bias is None else bias,
         tuple(updates), q if coef_t is None else coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, part, R,
-        d, EPS, max_scale, per, R_BUCKET=pow2(R), K=K, U=len(updates), HAS_GPN=g_pn is not None,
-        HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk, BLOCK_D=pow2(d))
+        d, EPS, max_scale, per, k_lo if carried else 0, kt, R_BUCKET=pow2(R), K=K, U=len(updates),
+        HAS_GPN=g_pn is not None, HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk,
+        BLOCK_KT=pow2(max(kt, 2)), BLOCK_D=pow2(d))
     return g_o, g_s, g_p, g_d, part.sum(0)

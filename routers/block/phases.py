@@ -186,15 +186,23 @@ def distinct(tensors: list[Tensor]) -> list[Tensor]:
 
 class Phases(NamedTuple):
     """The math a two-phase router runs (``routers/block/two_phase.py``), one signature for every
-    implementation: :func:`inv_rms`, :func:`phase1`, :func:`merge`, :func:`readout`, and whether
-    its merge rebuilds P and the details from the block's updates (``lean``), which the state
-    then keeps, and whether its phase 1 returns a fourth tuple, the m queries as phase 2 is to
-    take them (``fused``: copies whose gradients return through phase 1's backward), which the
-    state keeps in place of a select of the parameter per read, and ``match(D, C, ρ)``, the RMS
-    matching of a completed block's detail to its C (``routers.mixer.rms_match``) where the
-    phases have their own (None: the router's), and ``chain``: :func:`merge` of the next read
-    that also adds the update to the running sum and returns (h, P + u), which a write inside a
-    block runs (eager and model scope) so the running sum has one consumer."""
+    implementation: :func:`inv_rms`, :func:`phase1`, :func:`merge`, :func:`readout`, and what the
+    schedule does differently for it:
+
+    - ``keeps_updates``: its merge rebuilds P and the details from the block's updates (``lean``),
+      which the state then keeps;
+    - ``passes_queries``: its phase 1 returns a fourth tuple, the m queries as phase 2 is to take
+      them (``fused``: copies whose gradients return through phase 1's backward), which the state
+      keeps in place of a select of the parameter per read;
+    - ``match(D, C, ρ)``: its own RMS matching of a completed block's detail to its C
+      (``routers.mixer.rms_match``; None: the router's);
+    - ``chain``: :func:`merge` of the next read that also adds the update to the running sum and
+      returns (h, P + u), which a write inside a block runs (eager and model scope) so the running
+      sum has one consumer;
+    - ``bias_rows``: phase 1 and the readout take their bias as (the reads' detail-bias rows, the
+      sources' kind codes) rather than an (m, n) bias; with ``passes_queries``, phase 2 finds its
+      detail biases in the query phase 1 passed on.
+    """
 
     inv_rms: Callable[[Tensor], Tensor]
     phase1: Callable[..., tuple]
@@ -204,6 +212,7 @@ class Phases(NamedTuple):
     passes_queries: bool = False
     match: Callable[[Tensor, Tensor, float], Tensor] | None = None
     chain: Callable[..., tuple] | None = None
+    bias_rows: bool = False
 
 
 #: ``two_phase``: plain autograd of the functions above.

@@ -42,12 +42,24 @@ def _pool_bias(r, bias_rows: Tensor | None, n: int) -> Tensor | None:
     return None if bias_rows is None or codes is None else code_bias(bias_rows, r.plan_codes[codes])
 
 
+def _bias(r, bias_rows: Tensor | None, n: int):
+    """Phase 1's bias over a pool of n sources as the phases take it: (m, n) (:func:`_pool_bias`), or
+    with ``Phases.bias_rows`` the reads' detail-bias rows and the sources' kind codes (None where
+    no source is a detail)."""
+    if not r.phases.bias_rows:
+        return _pool_bias(r, bias_rows, n)
+    codes = r.plan.pool_codes[n]
+    return bias_rows, None if codes is None or bias_rows is None else r.plan_codes[codes]
+
+
 def init(r, e: Tensor, region: bool) -> TwoPhaseState:
     """e alone, with phase 1 of block 1 over it (``region``: made for the layer scope, whose
     :func:`begin` pads it)."""
     inv = r.phases.inv_rms(e)
     valid = e.new_ones(1, dtype=torch.bool) if region else None
-    o, mx, s, *qs = r.phases.phase1(queries(r, r.plan.rows[1]), None, (e,), (inv,), valid, r.recompute_scope)
+    rows = r.plan.rows[1]
+    bias = _bias(r, r.detail_bias[rows] if r.detail_kinds else None, 1)
+    o, mx, s, *qs = r.phases.phase1(queries(r, rows), bias, (e,), (inv,), valid, r.recompute_scope)
     return TwoPhaseState((e,), (inv,), valid, None, (), o, mx, s, block_q=_passed(r, qs))
 
 
@@ -89,7 +101,8 @@ def _read_params(r, state: TwoPhaseState, k: int, pos: int) -> tuple:
     if pos == 0:
         return None, None, state.block_out[0], None, None
     seen = r.plan.seen_span[k]
-    bias = r.detail_bias[k, seen] if seen.stop > seen.start else None
+    carried = state.block_q is not None and r.phases.bias_rows  # the query phase 1 passed on holds them
+    bias = r.detail_bias[k, seen] if seen.stop > seen.start and not carried else None
     q = queries(r, k) if state.block_q is None else state.block_q[pos]
     return q, bias, state.block_out[pos], state.block_max[pos], state.block_sum[pos]
 
@@ -129,7 +142,7 @@ def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> Two
         values, inv, valid = _complete_padded(r, state, final, partial, details)
     if final:
         return TwoPhaseState(values, inv, valid, None, (), None, None, None, zero=state.zero)
-    o, mx, s, *qs = r.phases.phase1(p[6], _pool_bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
+    o, mx, s, *qs = r.phases.phase1(p[6], _bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
     return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero, block_q=_passed(r, qs))
 
 
@@ -211,7 +224,7 @@ def output(r, state: TwoPhaseState, p: tuple) -> Tensor:
         values, inv, valid = state.values[keep], state.inv_rms[keep], state.valid[keep]
     if len(values) == 1:
         return values[0]
-    return r.phases.readout(q, _pool_bias(r, bias_row, len(values)), values, inv, valid, r.recompute_scope)
+    return r.phases.readout(q, _bias(r, bias_row, len(values)), values, inv, valid, r.recompute_scope)
 
 
 IMPL = Impl("two_phase", ("block_attnres", "haares", "wav_v1"), "two_phase", phases=PLAIN,
