@@ -1,4 +1,4 @@
-"""Compile every kernel of routers/block/fused_kernels.py, in every autotune config of
+"""Compile every kernel of routers/block/fused_kernels*.py, in every autotune config of
 ``routers.block.fused_launch.configs`` at every width of ``fused_launch.WIDTHS``, for an H100/H200 (``GPUTarget("cuda", 90, 32)``) with Triton's
 bundled ptxas, no GPU needed, and print one JSON line per compile: kernel, num_warps, dtype, d,
 shared memory (bytes), registers, stack frame and local memory (``cuobjdump -res-usage``).
@@ -104,14 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from routers.block import fused_kernels, fused_launch
+    from routers.block import fused_launch
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     target = GPUTarget("cuda", 90, 32)
     for d in args.d or fused_launch.WIDTHS:
         for dt in args.dtypes:
             for name, (sig, const) in signatures(dt, d).items():
                 for warps in fused_launch.configs(name, d):
-                    src = ASTSource(fn=getattr(fused_kernels, name), signature=sig, constexprs=const)
+                    src = ASTSource(fn=getattr(fused_launch.kernels(), name), signature=sig, constexprs=const)
                     cc = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": fused_launch.NUM_STAGES})
                     row = {"triton": triton.__version__, "kernel": name, "num_warps": warps, "dtype": dt, "d": d,
                            "shared_meta": cc.metadata.shared, **resources(cc.asm["cubin"], cuobjdump)}

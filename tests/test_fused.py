@@ -28,7 +28,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
                 "Triton's interpreter", allow_module_level=True)
 
 from routers import build_router, impls, route  # noqa: E402
-from routers.block import fused, fused_launch, phases  # noqa: E402
+from routers.block import fused, fused_interp, fused_launch, phases  # noqa: E402
 from routers.block.plan import coefficient_bits  # noqa: E402
 from test_lean import tanh_sublayers  # noqa: E402
 
@@ -174,28 +174,26 @@ def test_opcheck_fails_an_op_whose_fake_is_wrong():
 
 
 # --- planted kernel bugs ---------------------------------------------------------------------
-KERNELS = Path(fused_launch.__file__).with_name("fused_kernels.py")
-#: a planted bug → (the kernel line it changes, its replacement)
+#: a planted bug → (the kernels file, the kernel line it changes, its replacement)
 PLANTED = {
-    "a dropped source": ("    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)\n    for i in tl.static_range(N):",
+    "a dropped source": ("fused_kernels.py", "    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)\n    for i in tl.static_range(N):",
                          "    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)\n    for i in tl.static_range(N - 1):"),
-    "a detail without its bias": ("        l_d += tl.load(bias + kk,", "        l_d += 0.0 * tl.load(bias + kk,"),
-    "a max not subtracted": ("        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)", "        m_safe = 0.0 * m_new"),
+    "a detail without its bias": ("fused_kernels_merge.py", "        l_d += tl.load(bias + kk,",
+                                  "        l_d += 0.0 * tl.load(bias + kk,"),
+    "a max not subtracted": ("fused_kernels.py", "        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)",
+                             "        m_safe = 0.0 * m_new"),
 }
 
 
 def _mutant(name: str, tmp_path: Path):
-    """A copy of the kernels module with one planted bug (Triton reads a kernel's source from its file)."""
-    old, new = PLANTED[name]
-    src = KERNELS.read_text()
+    """The kernels with one planted bug in a copy of its file (Triton reads a kernel's source from its
+    file), the other file as it is."""
+    file, old, new = PLANTED[name]
+    src = Path(fused_launch.__file__).with_name(file).read_text()
     assert src.count(old) == 1, f"the planted bug {name!r} no longer matches the kernels"
     path = tmp_path / f"planted_{abs(hash(name))}.py"
     path.write_text(src.replace(old, new))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return fused_interp.load_kernels({file: str(path)}, tag=path.stem)
 
 
 def phase_error(mod) -> float:
@@ -204,11 +202,13 @@ def phase_error(mod) -> float:
     phase 2 with two detail kinds and their biases."""
     x = _phase_inputs(K=2, p=3)
     q = x["q"] * 40.0
-    *lists, inv = fused_launch.run_phase1(mod, x["values"], q, x["bias"], None, True, True)
+    codes = torch.arange(1, len(x["values"]) + 1, device=DEVICE)  # each source its own bias column
+    *lists, inv = fused_launch.run_phase1(mod, x["values"], q, x["bias"], codes, None, True, True)
     got = [torch.stack(t) for t in lists]
     o_ref, mx_ref, s_ref = phases.phase1(q, x["bias"], x["values"], x["inv"], None)
+    copies = torch.cat((q, x["bias"]), dim=1)  # each query, then its bias row
     errs = [float((a - b).norm() / b.norm()) for a, b in ((got[0], o_ref), (got[1], mx_ref), (got[2], s_ref),
-                                                          (got[3], q), (inv, torch.stack(x["inv"])))]
+                                                          (got[3], copies), (inv, torch.stack(x["inv"])))]
     o, mx, s = (t[1].contiguous() for t in (o_ref, mx_ref, s_ref))
     mx = mx - 4.0  # o's weight lowered, so that the details' weights are not negligible
     dbias = torch.tensor([1.5, -2.0], device=DEVICE)  # -2: the detail bias's initial value

@@ -158,11 +158,9 @@ def _phase1_backward(ctx, grads):
 phase1_op.register_autograd(_phase1_backward, setup_context=_phase1_setup)
 
 
-def _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, u=None):
-    h, P_new = run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
-                          contiguous_all(details), None if bias is None else bias.contiguous(), max_scale,
-                          None if u is None else u.contiguous(), k_lo)
-    return h if u is None else (h, P_new)
+def _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale):
+    return run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
+                      contiguous_all(details), None if bias is None else bias.contiguous(), max_scale, k_lo=k_lo)[0]
 
 
 @torch.library.custom_op("routerbench::fused_phase2", mutates_args=())
@@ -177,67 +175,87 @@ def _(o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_s
     return torch.empty_like(o, memory_format=torch.contiguous_format)
 
 
+def _phase2_chain(mod, o, mx, s, q, P, u, running, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, seen, csign):
+    h, P_new, D_new = run_phase2(mod, o.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(), P.contiguous(),
+                                 contiguous_all(running), None if bias is None else bias.contiguous(), max_scale,
+                                 u.contiguous(), k_lo, seen if running else None, csign)
+    return [h, P_new, *D_new]
+
+
 @torch.library.custom_op("routerbench::fused_phase2_chain", mutates_args=())
-def phase2_chain_op(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, details: list[Tensor],
+def phase2_chain_op(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, running: list[Tensor],
                     bias: Optional[Tensor], updates: list[Tensor], coef_t: Optional[Tensor], bits: int, k_lo: int,
-                    n_kinds: int, max_scale: float) -> tuple[Tensor, Tensor]:
-    return _phase2_chain(kernels(), o, mx, s, q, P, u, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale)
-
-
-def _phase2_chain(mod, o, mx, s, q, P, u, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale):
-    return _phase2(mod, o, mx, s, q, P, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, u)
+                    n_kinds: int, max_scale: float, seen: int, csign: int) -> list[Tensor]:
+    return _phase2_chain(kernels(), o, mx, s, q, P, u, running, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale,
+                         seen, csign)
 
 
 @phase2_chain_op.register_fake
-def _(o, mx, s, q, P, u, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale):
-    return (torch.empty_like(o, memory_format=torch.contiguous_format),
-            torch.empty_like(P, memory_format=torch.contiguous_format))
+def _(o, mx, s, q, P, u, running, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, seen, csign):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (o, P, *running)]
 
 
-def _phase2_bwd(mod, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn):
+def _phase2_bwd(mod, g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn, g_dn, kd, csign):
     return run_phase2_bwd(mod, g, h.contiguous(), mx.contiguous(), s.contiguous(), q.contiguous(),
                           None if bias is None else bias.contiguous(), contiguous_all(updates),
-                          None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale, g_pn)
+                          None if coef_t is None else coef_t.contiguous(), bits, k_lo, n_kinds, K, max_scale, g_pn,
+                          g_dn, kd, csign)
 
 
 @torch.library.custom_op("routerbench::fused_phase2_bwd", mutates_args=())
 def phase2_bwd_op(g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Optional[Tensor],
                   updates: list[Tensor], coef_t: Optional[Tensor], bits: int, k_lo: int, n_kinds: int, K: int,
-                  max_scale: float, g_pn: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _phase2_bwd(kernels(), g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn)
+                  max_scale: float, g_pn: Optional[Tensor], g_dn: list[Optional[Tensor]], kd: int,
+                  csign: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _phase2_bwd(kernels(), g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn,
+                       g_dn, kd, csign)
 
 
 @phase2_bwd_op.register_fake
-def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn):
+def _(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K, max_scale, g_pn, g_dn, kd, csign):
     u0, d = updates[0], h.shape[-1]
     width = q.shape[0] if q.shape[0] > d else d + (K if bias is not None else 0)  # run_phase2_bwd's
     return (torch.empty_like(h, memory_format=torch.contiguous_format), mx.new_empty(mx.shape),
-            u0.new_empty(u0.shape), u0.new_empty((K, *u0.shape)), mx.new_empty((width,)))
+            u0.new_empty(u0.shape), u0.new_empty((kd or K, *u0.shape)), mx.new_empty((width,)),
+            u0.new_empty(u0.shape if kd else (0,)))
 
 
 def _phase2_setup(ctx, inputs, output):
-    chain = len(inputs) == 14  # fused_phase2_chain: u after P
+    chain = len(inputs) == 16  # fused_phase2_chain: u after P, the seen count and the signs of u last
     o, mx, s, q, P, *rest = inputs
-    details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale = rest[1:] if chain else rest
-    ctx.meta = (chain, len(details), len(updates), bits, k_lo, n_kinds, max_scale, o.dtype, P.dtype,
+    if chain:
+        _, details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale, seen, csign = rest
+        K, kd = (seen, len(details)) if details else (0, 0)
+        ctx.set_materialize_grads(False)  # a running sum no later op read has no gradient
+    else:
+        details, bias, updates, coef_t, bits, k_lo, n_kinds, max_scale = rest
+        K, kd, csign = len(details), 0, 0
+    ctx.meta = (chain, K, kd, csign, len(updates), bits, k_lo, n_kinds, max_scale, o.dtype, P.dtype,
                 [t.dtype for t in details])
     ctx.save_for_backward(output[0] if chain else output, mx, s, q, bias, coef_t, *updates)
 
 
-def _phase2_backward(ctx, g, g_pn=None):
-    chain, K, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype, d_dtypes = ctx.meta
+def _phase2_backward(ctx, g, *g_sums):
+    chain, K, kd, csign, U, bits, k_lo, n_kinds, max_scale, o_dtype, p_dtype, d_dtypes = ctx.meta
     h, mx, s, q, bias, coef_t, *updates = ctx.saved_tensors
-    g_o, g_s, g_p, g_d, g_qb = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
-                                             max_scale, g_pn)
+    if chain:  # (g, [g_h, g_P, g_D…]): a list output's gradients come as one list
+        g, g_pn, *g_dn = g
+    else:
+        g_pn, g_dn = None, []
+    g_o, g_s, g_p, g_d, g_qb, g_u = phase2_bwd_op(g, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, K,
+                                                  max_scale, g_pn, g_dn, kd, csign)
     d = h.shape[-1]
     if q.shape[0] > d:  # q carries the detail biases (phase 1's copy): its gradient carries theirs
         g_q, g_b = g_qb.to(q.dtype), None
     else:
         g_q, g_b = g_qb[:d].to(q.dtype), g_qb[d:d + K]
     g_p = g_p.to(p_dtype)
-    return (g_o.to(o_dtype), None, g_s, g_q, g_p, *((g_p,) if chain else ()),  # P + u: u's gradient is P's
-            [g.to(dt) for g, dt in zip(g_d.unbind(0), d_dtypes)],
-            None if bias is None else g_b.to(bias.dtype), [None] * U, None, None, None, None, None)
+    g_d = [g.to(dt) for g, dt in zip(g_d.unbind(0), d_dtypes)]
+    head = (g_o.to(o_dtype), None, g_s, g_q, g_p)
+    if chain:  # P + u and D ± u: u's gradient is P's with no details, else the kernel's
+        return (*head, g_u.to(p_dtype) if kd else g_p, g_d, None if bias is None else g_b.to(bias.dtype),
+                [None] * U, *(None,) * 7)
+    return (*head, g_d, None if bias is None else g_b.to(bias.dtype), [None] * U, *(None,) * 5)
 
 
 phase2_op.register_autograd(_phase2_backward, setup_context=_phase2_setup)
@@ -311,18 +329,21 @@ def merge(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, details: list[
                      float(max_detail_scale))
 
 
-def chain(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, details: list[Tensor],
-          bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor], coefs: int | Tensor,
-          kinds: slice, n_kinds: int = 0, scope: object = None) -> tuple[Tensor, Tensor]:
-    """(h, P + u): :func:`merge` of the next read with the block's running sum P + u made inside
-    the kernel (``fused_phase2_chain``), so the sum has one consumer, forward and backward;
-    ``updates`` (oldest first) end with u."""
-    b = None if bias is None or not details else bias
-    o, P, u, *rest = distinct([o, P, u, *details, *updates])
-    details, updates = rest[:len(details)], rest[len(details):]
-    coef_t, bits = (coefs, 0) if isinstance(coefs, Tensor) else (None, int(coefs))
-    return phase2_chain_op(o, mx, s, q, P, u, list(details), b, list(updates), coef_t, bits, kinds.start, n_kinds,
-                           float(max_detail_scale))
+def chain(o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor, u: Tensor, running: Sequence[Tensor],
+          bias: Tensor | None, max_detail_scale: float, updates: Sequence[Tensor], coefs: int, kinds: slice,
+          n_kinds: int, signs: Sequence[int]) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    """(h, P + u, (D_j ± u)): :func:`merge` of the next read, seeing the details of ``kinds``, with the
+    block's running sums P + u and every running detail D_j + signs[j]·u (``running``, all kinds,
+    before u) made inside the kernel (``fused_phase2_chain``), so each sum has one consumer, forward
+    and backward; ``updates`` (oldest first) end with u, ``coefs`` their coefficient bits."""
+    seen = kinds.stop - kinds.start
+    b = None if bias is None or not seen else bias
+    o, P, u, *rest = distinct([o, P, u, *running, *updates])
+    running, updates = rest[:len(running)], rest[len(running):]
+    csign = sum(1 << j for j, c in enumerate(signs) if c > 0)
+    h, P, *D = phase2_chain_op(o, mx, s, q, P, u, list(running), b, list(updates), None, int(coefs), kinds.start,
+                               n_kinds, float(max_detail_scale), seen, csign)
+    return h, P, tuple(D)
 
 
 #: ``fused``: the two-phase schedule through the custom ops above (it keeps the block's updates,

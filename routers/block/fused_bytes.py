@@ -54,31 +54,35 @@ def rms_match(grid, D, C, out, scale, R, d, eps, max_scale, R_BUCKET, BLOCK_R, B
     return Moved(R * d * (_es(D) + _es(C)), R * (d * _es(out) + _es(scale)))
 
 
-def phase2_fwd(grid, o, mx, s, q, P, u, P_out, details, bias, h, R, d, eps, max_scale, R_BUCKET, K, CHAIN, HAS_BIAS,
-               BLOCK_K, BLOCK_D) -> Moved:
-    """Per row: o, P (and u with ``CHAIN``) and the K details (d each), μ and s; q and the K biases
-    (parameters, every row); writes h (d) (and P + u with ``CHAIN``)."""
+def phase2_fwd(grid, o, mx, s, q, P, u, P_out, details, d_out, bias, h, R, d, eps, max_scale, R_BUCKET, K, CHAIN, KD,
+               KLO, CSIGN, HAS_BIAS, BLOCK_K, BLOCK_D) -> Moved:
+    """Per row: o, P (and u with ``CHAIN``), the K seen details (or with ``KD`` every kind's running
+    detail) (d each), μ and s; q and the K biases (parameters, every row); writes h (d), and with
+    ``CHAIN`` P + u and the KD details ± u."""
     params = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0)
-    read = R * (d * (_es(o) + _es(P) + (_es(u) if CHAIN else 0)) + sum(d * _es(t) for t in details[:K]) + _es(mx)
+    running = details[:KD] if KD else details[:K]
+    read = R * (d * (_es(o) + _es(P) + (_es(u) if CHAIN else 0)) + sum(d * _es(t) for t in running) + _es(mx)
                 + _es(s) + params)
-    return Moved(read, R * d * (_es(h) + (_es(P_out) if CHAIN else 0)), R * params, params)
+    write = R * d * (_es(h) + (_es(P_out) if CHAIN else 0) + sum(_es(t) for t in d_out[:KD]))
+    return Moved(read, write, R * params, params)
 
 
-def phase2_bwd(grid, g, g_pn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d, part,
-               R, d, eps, max_scale, rows_per_prog, boff, KT, R_BUCKET, K, U, HAS_GPN, HAS_BIAS, HAS_COEF_T, BLOCK_K,
-               BLOCK_KT, BLOCK_D) -> Moved:
+def phase2_bwd(grid, g, g_pn, g_dn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d,
+               g_u, part, R, d, eps, max_scale, rows_per_prog, boff, KT, R_BUCKET, K, U, HAS_GPN, KD, KLO, CSIGN,
+               GD_BITS, HAS_BIAS, HAS_COEF_T, BLOCK_K, BLOCK_KT, BLOCK_D) -> Moved:
     """q once per program; per live row the U updates (P and the details are rebuilt from them), g,
     h, μ, s; per row the program loops over, live or not, the K biases and the (U, K) coefficients
-    (parameters); writes per row ∂o, ∂s, ∂P and the K ∂D, and per program its partial ∂q (d) and
-    ∂bias (BLOCK_K) in float32."""
+    (parameters), and with ``KD`` the given gradients of the KD running details; writes per row ∂o, ∂s,
+    ∂P and the K ∂D (with ``KD``: the KD ∂D and ∂u), and per program its partial ∂q (d) and ∂bias
+    (KT) in float32."""
     progs = grid[0]
     iters = progs * rows_per_prog  # the loop runs rows_per_prog times in every program
     per_iter = (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
     param_loads = progs * d * _es(q) + iters * per_iter
     param_bytes = d * _es(q) + (K * _es(bias) if HAS_BIAS else 0) + (U * K * _es(coef_t) if HAS_COEF_T else 0)
     read = (R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h) + (_es(g_pn) if HAS_GPN else 0)) + _es(mx)
-                 + _es(s)) + param_loads)
-    write = (R * (d * (_es(g_o) + _es(g_p) + K * _es(g_d)) + _es(g_s))
+                 + _es(s) + (_present(g_dn, GD_BITS, d) if KD else 0)) + param_loads)
+    write = (R * (d * (_es(g_o) + _es(g_p) + (KD * _es(g_d) + _es(g_u) if KD else K * _es(g_d))) + _es(g_s))
              + progs * (d + (KT if HAS_BIAS else 0)) * _es(part))
     return Moved(read, write, param_loads, param_bytes)
 

@@ -1,6 +1,6 @@
-"""The ``fused`` kernels off a GPU: Triton's interpreter for a body, a fresh interpreted copy of
-``routers/block/fused_kernels.py`` (loaded by its file path, as the planted-bug tests load their
-mutants) and a forward :class:`~routers.block.phases.Phases` through a given kernels module, which
+"""The ``fused`` kernels off a GPU: Triton's interpreter for a body, fresh copies of the kernels'
+files loaded by their paths (:func:`load_kernels`: interpreted, or a planted-bug test's mutant) and a
+forward :class:`~routers.block.phases.Phases` through a given kernels module, which
 ``harness.costs.kernel_io`` counts each kernel's loads and stores with.
 """
 
@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Iterator
 
 from . import fused
-from .fused_launch import contiguous_all, run_phase1, run_phase2
+from .fused_launch import KERNEL_FILES, Kernels, contiguous_all, run_phase1, run_phase2
 from .phases import Phases
 
 
@@ -32,16 +32,26 @@ def interpreter() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = before
 
 
-def interpreted_kernels() -> ModuleType:
-    """A fresh copy of ``routers/block/fused_kernels.py`` whose kernels run under Triton's interpreter
-    on CPU tensors (inside :func:`interpreter`), whatever ``TRITON_INTERPRET`` was: what
-    ``harness.costs.kernel_io`` counts the kernels' bytes with, on a GPU machine too."""
-    path = os.path.join(os.path.dirname(__file__), "fused_kernels.py")
-    spec = importlib.util.spec_from_file_location("routerbench_fused_kernels_interpreted", path)
-    mod = importlib.util.module_from_spec(spec)
-    with interpreter():
+def load_kernels(paths: dict[str, str] | None = None, tag: str = "interpreted") -> Kernels:
+    """Fresh copies of the kernels' files (:data:`routers.block.fused_launch.KERNEL_FILES`), each
+    loaded from its path, or from ``paths[file name]`` where given (a planted-bug test's mutant),
+    as modules named by ``tag`` (Triton reads ``TRITON_INTERPRET`` as each kernel is defined)."""
+    mods = []
+    for name in KERNEL_FILES:
+        path = (paths or {}).get(name, os.path.join(os.path.dirname(__file__), name))
+        spec = importlib.util.spec_from_file_location(f"routerbench_{name[:-3]}_{tag}", path)
+        mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-    return mod
+        mods.append(mod)
+    return Kernels(*mods)
+
+
+def interpreted_kernels() -> Kernels:
+    """Fresh copies of the kernels whose kernels run under Triton's interpreter on CPU tensors
+    (inside :func:`interpreter`), whatever ``TRITON_INTERPRET`` was: what ``harness.costs.kernel_io``
+    counts the kernels' bytes with, on a GPU machine too."""
+    with interpreter():
+        return load_kernels()
 
 
 def phases_of(mod: ModuleType) -> Phases:

@@ -97,10 +97,30 @@ MAX_PROGRAMS = 256
 #: whose loads hide each other's latency: the kernels prefetch nothing, ``NUM_STAGES``)
 PROGRAMS_PER_SM = 4
 
-def kernels() -> ModuleType:
-    """``routers/block/fused_kernels.py`` (imported on first use: it imports Triton)."""
-    from . import fused_kernels
-    return fused_kernels
+#: the files of the kernels, beside this one: phase 1's, and phase 2's with the RMS matching
+KERNEL_FILES = ("fused_kernels.py", "fused_kernels_merge.py")
+
+
+class Kernels:
+    """The kernels of the modules of :data:`KERNEL_FILES` as one namespace (a kernel by its name),
+    hashable by identity: what every launch takes as its kernels module."""
+
+    def __init__(self, *modules: ModuleType) -> None:
+        self.modules = modules
+
+    def __getattr__(self, name: str):
+        for mod in self.modules:
+            if hasattr(mod, name):
+                return getattr(mod, name)
+        raise AttributeError(f"no kernel {name!r} in {[m.__name__ for m in self.modules]}")
+
+
+@functools.lru_cache(maxsize=None)
+def kernels() -> Kernels:
+    """The kernels of ``routers/block/fused_kernels.py`` and ``fused_kernels_merge.py`` (imported on
+    first use: they import Triton)."""
+    from . import fused_kernels, fused_kernels_merge
+    return Kernels(fused_kernels, fused_kernels_merge)
 
 
 def launcher(mod, name: str, d: int):
@@ -320,23 +340,30 @@ def phase1_bwd_chunk(n: int, m: int, R: int, d: int, itemsize: int, groups: int)
 
 def run_phase2(mod: ModuleType, o: Tensor, mx: Tensor, s: Tensor, q: Tensor, P: Tensor,
                details: Sequence[Tensor], bias: Tensor | None, max_scale: float,
-               u: Tensor | None = None, k_lo: int = 0) -> tuple[Tensor, Tensor | None]:
-    """(h, P + u) of one read: with ``u`` (a chained merge) the partial sum is P + u, written out
-    beside h; else (h, None). q is (d,), or (d + K,) with the detail biases of every kind after the
-    query (phase 1's copy), the seen ones from ``k_lo``: ``bias`` is then None."""
+               u: Tensor | None = None, k_lo: int = 0, seen: int | None = None,
+               csign: int = 0) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """(h, P + u, the details ± u) of one read. Without ``u``: (h, None, []), the merge of P and the seen
+    ``details``. With ``u`` (a chained merge) the partial sum is P + u, written out beside h; and with
+    ``seen`` (the count of seen kinds, from ``k_lo``) ``details`` are every kind's running detail D_j,
+    each D_j + u (bit j of ``csign``) or D_j − u written out too, the merge taking the seen ones. q is
+    (d,), or (d + K,) with the detail biases of every kind after the query (phase 1's copy): ``bias``
+    is then None."""
     R, d = _rows(P)
-    K = len(details)
+    kd = len(details) if seen is not None else 0
+    K = seen if seen is not None else len(details)
     bias = _carried_bias(q, d, k_lo, K, bias)
     if o.shape != P.shape or mx.shape != P.shape[:-1] or s.shape != mx.shape or q.dim() != 1 or q.shape[0] < d:
         raise ValueError(f"phase 2 of one read takes o and P {tuple(P.shape)}, mu and s {tuple(P.shape[:-1])} and "
                          f"q ({d},); got o {tuple(o.shape)}, mu {tuple(mx.shape)}, s {tuple(s.shape)}, q {tuple(q.shape)}")
     h = torch.empty_like(o)
     P_out = None if u is None else torch.empty_like(P)
+    d_out = [torch.empty_like(t) for t in details] if kd else []
     launcher(mod, "phase2_fwd", d)((R,))(
         o, mx, s, q, P, P if u is None else u, h if P_out is None else P_out, tuple(details) or (P,),
-        q if bias is None else bias, h, R, d, EPS, max_scale, R_BUCKET=pow2(R), K=K, CHAIN=u is not None,
-        HAS_BIAS=bias is not None, BLOCK_K=pow2(max(K, 2)), BLOCK_D=pow2(d))
-    return h, P_out
+        tuple(d_out) or (h,), q if bias is None else bias, h, R, d, EPS, max_scale, R_BUCKET=pow2(R), K=K,
+        CHAIN=u is not None, KD=kd, KLO=k_lo if kd else 0, CSIGN=csign, HAS_BIAS=bias is not None,
+        BLOCK_K=pow2(max(K, 2)), BLOCK_D=pow2(d))
+    return h, P_out, d_out
 
 
 def _carried_bias(q: Tensor, d: int, k_lo: int, K: int, bias: Tensor | None) -> Tensor | None:
@@ -346,10 +373,14 @@ def _carried_bias(q: Tensor, d: int, k_lo: int, K: int, bias: Tensor | None) -> 
 
 def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor, q: Tensor, bias: Tensor | None,
                    updates: Sequence[Tensor], coef_t: Tensor | None, bits: int, k_lo: int, n_kinds: int, K: int,
-                   max_scale: float, g_pn: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   max_scale: float, g_pn: Tensor | None = None, g_dn: Sequence[Tensor | None] = (), kd: int = 0,
+                   csign: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(∂o, ∂s, ∂P, ∂details (K, …), ∂q and ∂bias as one float32 vector: (d, then K) with ``bias``,
-    or q's own shape (d + every kind's bias) where q carries them, zero for the kinds not seen);
-    with ``g_pn`` (a chained merge: the gradient of its P + u) ∂P includes it."""
+    or q's own shape (d + every kind's bias) where q carries them, zero for the kinds not seen; ∂u);
+    with ``g_pn`` (a chained merge: the gradient of its P + u) ∂P includes it. With ``kd`` (a merge
+    the kd running details passed through, ``csign`` their signs of u): ∂details is every kind's
+    (kd, …), with the gradients ``g_dn`` of D_j ± u (a None where absent), and ∂u = ∂P + Σ ±∂D_j;
+    else ∂u is empty."""
     R, d = _rows(h)
     carried = q.shape[0] > d
     bias = _carried_bias(q, d, k_lo, K, bias)
@@ -359,12 +390,14 @@ def run_phase2_bwd(mod: ModuleType, g: Tensor, h: Tensor, mx: Tensor, s: Tensor,
     u0 = updates[0]
     g_o, g_p = torch.empty_like(h), torch.empty_like(u0)
     g_s = mx.new_empty(mx.shape)
-    g_d = u0.new_empty((K, *u0.shape))
+    g_d = u0.new_empty((kd or K, *u0.shape))
+    g_u = torch.empty_like(u0) if kd else u0.new_empty((0,))
     part = mx.new_empty((progs, d + kt))
     launcher(mod, "phase2_bwd", d)((progs,))(
-        g.contiguous(), g if g_pn is None else g_pn.contiguous(), h, mx, s, q, q if bias is None else bias,
-        tuple(updates), q if coef_t is None else coef_t, bits, k_lo, n_kinds, g_o, g_s, g_p, g_d if K else g_p, part, R,
-        d, EPS, max_scale, per, k_lo if carried else 0, kt, R_BUCKET=pow2(R), K=K, U=len(updates),
-        HAS_GPN=g_pn is not None, HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk,
+        g.contiguous(), g if g_pn is None else g_pn.contiguous(), _present(g_dn, kd, g) if kd else (g,), h, mx, s,
+        q, q if bias is None else bias, tuple(updates), q if coef_t is None else coef_t, bits, k_lo, n_kinds, g_o, g_s,
+        g_p, g_d if kd or K else g_p, g_u if kd else g_p, part, R, d, EPS, max_scale, per, k_lo if carried else 0, kt,
+        R_BUCKET=pow2(R), K=K, U=len(updates), HAS_GPN=g_pn is not None, KD=kd, KLO=k_lo if kd else 0, CSIGN=csign,
+        GD_BITS=_bits(g_dn), HAS_BIAS=bias is not None, HAS_COEF_T=coef_t is not None, BLOCK_K=bk,
         BLOCK_KT=pow2(max(kt, 2)), BLOCK_D=pow2(d))
-    return g_o, g_s, g_p, g_d, part.sum(0)
+    return g_o, g_s, g_p, g_d, part.sum(0), g_u

@@ -196,9 +196,9 @@ class Phases(NamedTuple):
       keeps in place of a select of the parameter per read;
     - ``match(D, C, ρ)``: its own RMS matching of a completed block's detail to its C
       (``routers.mixer.rms_match``; None: the router's);
-    - ``chain``: :func:`merge` of the next read that also adds the update to the running sum and
-      returns (h, P + u), which a write inside a block runs (eager and model scope) so the running
-      sum has one consumer;
+    - ``chain``: :func:`merge` of the next read that also adds the update to the running sums and
+      returns (h, P + u, (D_j ± u)), which a write inside a block runs (eager and model scope) so each
+      running sum has one consumer;
     - ``bias_rows``: phase 1 and the readout take their bias as (the reads' detail-bias rows, the
       sources' kind codes) rather than an (m, n) bias; with ``passes_queries``, phase 2 finds its
       detail biases in the query phase 1 passed on.

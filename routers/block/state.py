@@ -80,25 +80,21 @@ class TwoPhaseState(NamedTuple):
 
 
 def accumulate(partial: Tensor | None, details: tuple[Tensor, ...], update: Tensor,
-               coefs: tuple[int, ...] | Tensor, start: bool,
-               partial_sum: bool = True) -> tuple[Tensor | None, tuple[Tensor, ...]]:
+               coefs: tuple[int, ...] | Tensor, start: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
     """P and the raw details after ``update`` (B, T, d): P = u and D = ±u at a block start, else
     P + u and D ± u.
 
     Args:
         coefs: the slot's coefficient in each detail kind: Python ±1 (``D + u`` or ``D − u``, and
             u itself where +1 at a start) or a (K,) tensor of ±1 (``D + c·u``: the layer scope).
-        partial_sum: False: the details alone (P None), where P + u is made elsewhere (``Phases.chain``).
     """
     if isinstance(coefs, Tensor):
         if start:
             return update, tuple(coefs[j] * update for j in range(coefs.shape[0]))
-        details = tuple(d + coefs[j] * update for j, d in enumerate(details))
-    elif start:
+        return partial + update, tuple(d + coefs[j] * update for j, d in enumerate(details))
+    if start:
         return update, tuple(update if c > 0 else -update for c in coefs)
-    else:
-        details = tuple(d + update if c > 0 else d - update for d, c in zip(details, coefs))
-    return (partial + update if partial_sum else None), details
+    return partial + update, tuple(d + update if c > 0 else d - update for d, c in zip(details, coefs))
 
 
 def pad(state: TwoPhaseState, capacity: int, lean: bool) -> TwoPhaseState:

@@ -147,14 +147,13 @@ def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> Two
 
 
 def _chain(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
-    """A write inside a block (position ≥ 1, not its last) through ``Phases.chain``: the details
-    add u as :func:`write`'s, and the next read's merge adds it to P, so P + u has one consumer (the
-    next write's merge, or the add that completes the block) and needs no add of its own."""
+    """A write inside a block (position ≥ 1, not its last) through ``Phases.chain``: the next read's
+    merge adds u to P and to each running detail (with the slot's signs), so each sum has one
+    consumer (the next write's merge, or the adds that complete the block) and no add of its own."""
     q, bias, o, mx, s, bits, kinds = p[9]
-    _, details = accumulate(None, state.partial_details, update, p[2], False, partial_sum=False)
     updates = ((update,) + state.updates)[::-1]
-    h, partial = r.phases.chain(o, mx, s, q, state.partial, update, list(details[kinds]), bias, r.max_detail_scale,
-                                updates, bits, kinds, r.plan.K, r.recompute_scope)
+    h, partial, details = r.phases.chain(o, mx, s, q, state.partial, update, state.partial_details, bias,
+                                         r.max_detail_scale, updates, bits, kinds, r.plan.K, p[2])
     return _keep(state._replace(partial=partial, partial_details=details, h_next=h), role, p, update)
 
 
