@@ -62,6 +62,8 @@ class TwoPhaseState(NamedTuple):
         block_q: the current block's m queries as its phase 1 passed them on, a tuple of m (d,)
             (``Phases.passes_queries``), or None: phase 2 then takes the parameter's row.
         h_next: the next read's input where the last write made it (``Phases.chain``), else None.
+        step_rows: (pseudo-queries, detail-bias rows or None) split once per step into the blocks'
+            rows and the readout's (``routers.block.two_phase._step_rows``), or None.
     """
 
     values: tuple[Tensor, ...]
@@ -77,6 +79,7 @@ class TwoPhaseState(NamedTuple):
     zero: Tensor | None = None
     block_q: tuple[Tensor, ...] | None = None
     h_next: Tensor | None = None
+    step_rows: tuple | None = None
 
 
 def accumulate(partial: Tensor | None, details: tuple[Tensor, ...], update: Tensor,

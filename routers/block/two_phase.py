@@ -57,10 +57,31 @@ def init(r, e: Tensor, region: bool) -> TwoPhaseState:
     :func:`begin` pads it)."""
     inv = r.phases.inv_rms(e)
     valid = e.new_ones(1, dtype=torch.bool) if region else None
-    rows = r.plan.rows[1]
-    bias = _bias(r, r.detail_bias[rows] if r.detail_kinds else None, 1)
-    o, mx, s, *qs = r.phases.phase1(queries(r, rows), bias, (e,), (inv,), valid, r.recompute_scope)
-    return TwoPhaseState((e,), (inv,), valid, None, (), o, mx, s, block_q=_passed(r, qs))
+    step = _step_rows(r, region)
+    q, rows = _block_rows(r, step, 1)
+    o, mx, s, *qs = r.phases.phase1(q, _bias(r, rows, 1), (e,), (inv,), valid, r.recompute_scope)
+    return TwoPhaseState((e,), (inv,), valid, None, (), o, mx, s, block_q=_passed(r, qs), step_rows=step)
+
+
+def _step_rows(r, region: bool) -> tuple | None:
+    """With ``Phases.passes_queries`` (eager and model scope): the pseudo-queries, key gain folded
+    in, and the detail-bias rows (or None), each split once per step into the blocks' rows and the
+    readout's, so each block's phase 1 takes its own piece (one cat in the backward, not a slice's
+    zero-filled gradient and an add per block); else None."""
+    if region or not r.phases.passes_queries:
+        return None
+    sizes = [rows.stop - rows.start for rows in r.plan.rows.values()]
+    sizes.append(r.pseudo_query.shape[0] - sum(sizes))
+    q = r.pseudo_query if r.key_gain is None else r.pseudo_query * r.key_gain
+    return q.split(sizes), r.detail_bias.split(sizes) if r.detail_kinds else None
+
+
+def _block_rows(r, step: tuple | None, block: int) -> tuple[Tensor, Tensor | None]:
+    """(queries (m, d), detail-bias rows (m, K) or None) of a block's phase 1."""
+    if step is not None:
+        return step[0][block - 1], None if step[1] is None else step[1][block - 1]
+    rows = r.plan.rows[block]
+    return queries(r, rows), r.detail_bias[rows] if r.detail_kinds else None
 
 
 def _passed(r, qs: list) -> tuple | None:
@@ -86,8 +107,7 @@ def params(r, state: TwoPhaseState, slot, region: bool) -> tuple:
     coefs = r.coef_table[k].to(state.values[0].dtype) if region else plan.coefs[k]
     nxt = (None, None)
     if slot.last_in_block and k < len(r.slots) - 1:
-        nxt_rows = plan.rows[slot.block + 1]
-        nxt = (queries(r, nxt_rows), r.detail_bias[nxt_rows] if r.detail_kinds else None)
+        nxt = _block_rows(r, state.step_rows, slot.block + 1)
     chained = None
     if r.phases.chain is not None and not region and slot.pos >= 1 and not slot.last_in_block:
         chained = (*_read_params(r, state, k + 1, slot.pos + 1), plan.coef_bits[k + 1], plan.seen_span[k + 1])
@@ -141,9 +161,11 @@ def write(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> Two
     else:
         values, inv, valid = _complete_padded(r, state, final, partial, details)
     if final:
-        return TwoPhaseState(values, inv, valid, None, (), None, None, None, zero=state.zero)
+        return TwoPhaseState(values, inv, valid, None, (), None, None, None, zero=state.zero,
+                             step_rows=state.step_rows)
     o, mx, s, *qs = r.phases.phase1(p[6], _bias(r, p[7], len(values)), values, inv, valid, r.recompute_scope)
-    return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero, block_q=_passed(r, qs))
+    return TwoPhaseState(values, inv, valid, None, (), o, mx, s, zero=state.zero, block_q=_passed(r, qs),
+                         step_rows=state.step_rows)
 
 
 def _chain(r, state: TwoPhaseState, role: tuple, p: tuple, update: Tensor) -> TwoPhaseState:
@@ -215,6 +237,9 @@ def output(r, state: TwoPhaseState, p: tuple) -> Tensor:
     """The readout over e and every C (every source with ``readout_details``): in the padded pool
     the kinds repeat with period 1 + K, so e and the C's are a strided slice."""
     q, bias_row = p
+    if state.step_rows is not None:  # the readout's piece of the step's split (a view: no op)
+        q = state.step_rows[0][-1].view(-1)
+        bias_row = None if bias_row is None else state.step_rows[1][-1].view(-1)
     if state.valid is None:
         keep = r.plan.readout_newest
         values, inv, valid = tuple(state.values[i] for i in keep), tuple(state.inv_rms[i] for i in keep), None
