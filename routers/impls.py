@@ -112,15 +112,11 @@ def family_of(router: str) -> Family | None:
 
 @dataclass(frozen=True)
 class StateModel:
-    """An impl's router state, for the block routers' live-state cost model
-    (``routers.block.costs.BlockCosts._state_counts``). Attributes: ``phase1``: it carries each
-    block's phase-1 outputs and statistics and an inverse RMS per completed source (the two-phase
-    schedule; only such a state has the layer scope's padded layout); ``keeps_updates``: it keeps
-    the block's updates (lean, fused; block 1's phase-1 outputs are then e itself);
-    ``first_output_apart``: o_0 of a block of m ≥ 2 is its own tensor beside the (m, B, T, d)
-    result (m + 1 tensors: lean); ``key_rms_cached``: each completed source's inverse RMS is a
-    (B, T) statistic of the state (not where the kernels compute it from the row: fused);
-    ``query_copies``: the state keeps the block's m queries as (d,) float32 copies (fused)."""
+    """An impl's router state, for the block routers' live-state cost model (``routers.block.costs``). ``phase1``:
+    each block's phase-1 outputs and statistics (the two-phase schedule; only it has the layer scope's padded layout);
+    ``keeps_updates``: the block's updates (lean, fused; block 1's phase-1 outputs are then e itself);
+    ``first_output_apart``: o_0 of a block of m ≥ 2 is a tensor beside the (m, B, T, d) result (lean);
+    ``key_rms_cached``: an inverse RMS per completed source (not fused's); ``query_copies``: fused's query copies."""
 
     phase1: bool = False
     keeps_updates: bool = False

@@ -146,17 +146,29 @@ def test_custom_ops_pass_opcheck():
     for t in x["values"] + [x["q"]] + x["updates"]:
         t.requires_grad_()
     x["bias"].requires_grad_()
-    _opcheck(fused.phase1_op, (x["values"], x["q"], x["bias"], None, True, True))
-    _opcheck(fused.phase1_op, (x["values"][:1], x["q"], None, None, False, True))
-    _opcheck(fused.phase1_op, (x["values"], x["q"], x["bias"], None, True, False))
+    m, n = x["q"].shape[0], len(x["values"])
+    rows = torch.randn(m, 2, device=DEVICE).requires_grad_()  # two detail kinds' bias rows
+    codes = torch.tensor([0, 2, 1], device=DEVICE)             # a state source, a kind-2 and a kind-1 detail
+    every = torch.arange(1, n + 1, device=DEVICE)              # an (m, n) bias: each source its own column
+    _opcheck(fused.phase1_op, (x["values"], x["q"], x["bias"], every, None, True, True))
+    _opcheck(fused.phase1_op, (x["values"], x["q"], rows, codes, None, True, True))
+    _opcheck(fused.phase1_op, (x["values"][:1], x["q"], rows, None, None, False, True))
+    _opcheck(fused.phase1_op, (x["values"], x["q"], x["bias"], every, None, True, False))
     valid = torch.tensor([True, True, False], device=DEVICE)
-    _opcheck(fused.phase1_op, (x["values"], x["q"], None, valid, True, True))
-    m = x["q"].shape[0]
-    out = fused.phase1_op(x["values"], x["q"].detach(), None, None, True, True)
-    o, mx, s, qc = out[0], out[m].detach(), out[2 * m], out[3 * m]
-    _opcheck(fused.phase2_op, (o, mx, s, qc, x["P"], x["details"], x["dbias"], x["updates"], None, x["bits"],
+    _opcheck(fused.phase1_op, (x["values"], x["q"], None, None, valid, True, True))
+    out = fused.phase1_op(x["values"], x["q"].detach(), rows.detach(), codes, None, True, True)
+    o, mx, s, qc = out[0], out[m].detach(), out[2 * m], out[3 * m]   # qc: the query, then its 2 biases
+    assert qc.shape == (D + 2,)
+    _opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], x["details"], x["dbias"], x["updates"], None, x["bits"],
                                0, 2, 4.0))
-    _opcheck(fused.phase2_op, (o, mx, s, qc, x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
+    _opcheck(fused.phase2_op, (o, mx, s, qc, x["P"], x["details"][1:], None, x["updates"], None, x["bits"], 1, 2, 4.0))
+    _opcheck(fused.phase2_op, (o, mx, s, x["q"][0], x["P"], [], None, x["updates"], None, 0, 0, 0, 4.0))
+    u = x["updates"][-1]
+    _opcheck(fused.phase2_chain_op, (o, mx, s, qc, x["P"], u, x["details"], None, x["updates"], None, x["bits"], 0,
+                                     2, 4.0, 2, 0b01))
+    _opcheck(fused.phase2_chain_op, (o, mx, s, x["q"][0], x["P"], u, [], None, x["updates"], None, 0, 0, 0, 4.0,
+                                     0, 0))
+    _opcheck(fused.rms_match_op, (x["details"][0], x["P"], 4.0))
 
 
 def test_opcheck_fails_an_op_whose_fake_is_wrong():

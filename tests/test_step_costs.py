@@ -146,7 +146,7 @@ def test_phase1s_backward_holds_at_most_the_pools_size_beside_its_results():
         mx, s = [torch.empty(1, R) for _ in range(m)], [torch.empty(1, R) for _ in range(m)]
         g_o = [torch.empty(1, R, d, dtype=torch.bfloat16) for _ in range(m)]
     rec = RecordedLaunches()
-    peak, kept = _peak_temporaries(run_phase1_bwd, rec, values, inv, q, None, None, mx, s, g_o, mx)
+    peak, kept = _peak_temporaries(run_phase1_bwd, rec, values, inv, q, None, None, None, mx, s, g_o, mx)
     pool = n * R * d * 2
     assert pool == 2 * 2**30 and peak - kept <= pool, (peak - kept) / 2**30
     assert 4 * n * R * d * 4 == 8 * pool  # the old partials, one per group in float32: 16 GiB (17.2 GB)

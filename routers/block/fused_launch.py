@@ -1,12 +1,8 @@
-"""Launches of the ``fused`` kernels (``routers/block/fused_kernels.py``): their autotune configs,
-checked for sm_90 (tests/fused_compile.py), the grids, the outputs each writes, and the second
-stage of their cross-row sums (``routers/block/fused_interp.py`` runs them off a GPU, under
-Triton's interpreter).
-
-``routers/block/fused.py`` wraps these launches in the ``torch.library`` custom ops that the
-``fused`` impl runs. Every launch takes the kernels module as its first argument; under Triton's
-interpreter (a module defined while ``TRITON_INTERPRET=1``) each kernel runs its first config,
-since the autotuner times configs through a GPU driver.
+"""Launches of the ``fused`` kernels (``routers/block/fused_kernels*.py``): their autotune configs, checked for
+sm_90 (tests/fused_compile.py), the grids, the outputs each writes, and the second stage of their cross-row sums,
+which ``routers/block/fused.py`` wraps in ``torch.library`` custom ops. Every launch takes the kernels as its first
+argument (:func:`kernels`, or copies: ``routers/block/fused_interp.py``); under Triton's interpreter (kernels
+defined while ``TRITON_INTERPRET=1``) each runs its first config: the autotuner times configs on a GPU.
 """
 
 from __future__ import annotations
@@ -24,13 +20,11 @@ from ..mixer import EPS
 
 #: the widest d the kernels are checked for
 MAX_D = 4096
-#: kernel → (the largest BLOCK_D = pow2(d) of a bucket, the ``num_warps`` of its autotune configs)
-#: in increasing BLOCK_D: at most 2 configs, each free of register spills (no stack frame) and
-#: within sm_90's shared memory in bfloat16 and float32, under triton 3.6.0 and 3.7.1, at the
-#: largest pool, query block and update register of tests/fused_compile.py (which
-#: tests/test_fused_compile.py compiles them at, for every BLOCK_D of :data:`WIDTHS`). Which
-#: warps spill varies with d and the Triton release, unevenly: these were chosen from a sweep of
-#: 2, 4, 8 and 16 warps at every width under both releases.
+#: kernel → (the largest BLOCK_D = pow2(d) of a bucket, the ``num_warps`` of its autotune configs) in increasing
+#: BLOCK_D: at most 2 configs, each free of register spills (no stack frame) and within sm_90's shared memory in
+#: bfloat16 and float32, under triton 3.6.0 and 3.7.1, at the largest shapes of tests/fused_compile.py (which
+#: tests/test_fused_compile.py compiles them at, for every BLOCK_D of :data:`WIDTHS`), chosen from a sweep of 2, 4,
+#: 8 and 16 warps at every width under both releases (which warps spill varies with d and the release, unevenly).
 CONFIGS: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     "rms_match": ((MAX_D, (4, 8)),),
     "phase2_fwd": ((MAX_D, (4, 8)),),
