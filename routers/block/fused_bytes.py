@@ -83,7 +83,7 @@ def phase2_bwd(grid, g, g_pn, g_dn, h, mx, s, q, bias, updates, coef_t, bits, k_
     read = (R * (sum(d * _es(u) for u in updates) + d * (_es(g) + _es(h) + (_es(g_pn) if HAS_GPN else 0)) + _es(mx)
                  + _es(s) + (_present(g_dn, GD_BITS, d) if KD else 0)) + param_loads)
     write = (R * (d * (_es(g_o) + _es(g_p) + (KD * _es(g_d) + _es(g_u) if KD else K * _es(g_d))) + _es(g_s))
-             + progs * (d + (KT if HAS_BIAS else 0)) * _es(part))
+             + progs * (d + KT) * _es(part))
     return Moved(read, write, param_loads, param_bytes)
 
 

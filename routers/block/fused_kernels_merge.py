@@ -192,7 +192,9 @@ def phase2_bwd(g, g_pn, g_dn, h, mx, s, q, bias, updates, coef_t, bits, k_lo, n_
         gq += kq_p * Pv + tl.sum(kq_d[:, None] * Dt, axis=0)
         gb += gl_d
     tl.store(part + pid * (d + KT) + cols, gq, mask=cm)
-    if HAS_BIAS:  # ∂bias at columns boff … boff + K − 1 of the KT after ∂q, zeros in the others
-        kt = tl.arange(0, BLOCK_KT)
+    kt = tl.arange(0, BLOCK_KT)  # ∂bias at columns boff … boff + K − 1 of the KT after ∂q, zeros in the others
+    if HAS_BIAS:
         tl.store(part + pid * (d + KT) + d + kt, 0.0, mask=(kt < KT) & ((kt < boff) | (kt >= boff + K)))
         tl.store(part + pid * (d + KT) + d + boff + kk, gb, mask=km)
+    else:  # a query that carries biases this read does not see
+        tl.store(part + pid * (d + KT) + d + kt, 0.0, mask=kt < KT)
