@@ -81,14 +81,16 @@ def test_analytic_flops_hand_goldens():
 
 
 # --- live state ------------------------------------------------------------------------------
-def state_bytes(state) -> int:
-    """Bytes of the distinct storages reachable from a router state (tuples, NamedTuples)."""
+def state_bytes(state, params: frozenset = frozenset()) -> int:
+    """Bytes of the distinct storages reachable from a router state (tuples, NamedTuples), less the
+    storages of ``params`` (views of the router's parameters in the state are no state of its own)."""
     storages = {}
 
     def walk(x):
         if isinstance(x, torch.Tensor):
             s = x.untyped_storage()
-            storages[s.data_ptr()] = s.nbytes()
+            if s.data_ptr() not in params:
+                storages[s.data_ptr()] = s.nbytes()
         elif isinstance(x, (tuple, list)):
             for y in x:
                 walk(y)
@@ -103,13 +105,14 @@ def measured_peak_state(router, B, T, dtype):
     g = torch.Generator().manual_seed(0)
     shape = (B, T, router.d_model)
     state = router.init_state(torch.randn(shape, generator=g, dtype=dtype))
-    peak = state_bytes(state)
+    params = frozenset(p.untyped_storage().data_ptr() for p in router.parameters())
+    peak = state_bytes(state, params)
     with torch.no_grad():
         for slot in router.slots:
             role, p = router.role(slot), router.params(state, slot)
             router.read(state, role, p)
             state = router.write(state, role, p, torch.randn(shape, generator=g, dtype=dtype))
-            peak = max(peak, state_bytes(state))
+            peak = max(peak, state_bytes(state, params))
     return peak
 
 

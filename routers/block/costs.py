@@ -91,8 +91,9 @@ class BlockCosts:
         (m, B, T, d) tensor = m (B, T, d)) with two (m, B, T) statistics (max and sum of exps).
         fused (``routers/block/fused.py``): lean's, but phase 1 writes each of the m outputs as a
         tensor of its own (m), caches no inverse RMS (its kernels compute each where they load the
-        row: ``StateModel.key_rms_cached``) and keeps the m queries' float32 copies it passed on
-        (``StateModel.query_copies``).
+        row: ``StateModel.key_rms_cached``) and keeps the m queries' float32 copies it passed on,
+        each (d + K,) with its detail-bias row (``StateModel.query_copies``); a write inside a block
+        (p ≥ 1, not its last) leaves the next read's input in the state (its phases' ``chain``).
         lean (``routers/block/lean.py``): two_phase's, plus the block's updates u_0 … u_p it keeps
         after the write at position p ≥ 1 (at p = 0, u_0 is P); none of block 1's phase-1
         outputs (over e alone, each is e itself); in a later block of m ≥ 2, phase 1's o_0 is a
@@ -102,8 +103,10 @@ class BlockCosts:
         zero tensor and the one zero statistic every pad is a view of, and at p = 0 each detail is
         c·u, a new tensor whatever c (the region graph does not know the sign).
         """
-        K, model = len(self.detail_kinds), _impls.get(impl, self.name).state
+        spec = _impls.get(impl, self.name)
+        K, model = len(self.detail_kinds), spec.state
         two, lean = model.phase1, model.keeps_updates
+        chains = getattr(spec.phases, "chain", None) is not None and not padded  # eager and model scope
         inv = 1 if model.key_rms_cached else 0          # a cached inverse RMS per source
         copies = 1 if model.query_copies else 0
 
@@ -134,7 +137,8 @@ class BlockCosts:
                 m = slot.block_len if two else 0
                 # lean keeps u_0 … u_p (u_0 is P at p = 0); its block-1 outputs are e itself
                 kept = slot.pos + 1 if lean and slot.pos >= 1 else 0
-                counts.append((1 + pool + running + outputs(m, slot.block) + kept,
+                ahead = 1 if chains and slot.pos >= 1 else 0  # the next read's input, made by this write
+                counts.append((1 + pool + running + outputs(m, slot.block) + kept + ahead,
                                (inv * (1 + pool) + 2 * m) if two else 0, copies * m))
         return [(n + 1, k + inv, c) for n, k, c in counts] if padded else counts
 
@@ -166,8 +170,20 @@ class BlockCosts:
         item = torch.empty((), dtype=dtype).element_size()
         stat_item = torch.empty((), dtype=torch.promote_types(dtype, torch.float32)).element_size()
         mask = self.plan.capacity * stat_item if layout == "padded" else 0  # valid, (1+N(1+K),)
-        return mask + max(n * tokens * self.d_model * item + n_stats * tokens * stat_item + copies * self.d_model * 4
-                          for n, n_stats, copies in self._state_counts(impl, layout == "padded"))
+        per_copy = (self.d_model + len(self.detail_kinds)) * 4  # a query's float32 copy and its detail biases
+        return mask + self._step_bytes(impl, layout, item) + max(
+            n * tokens * self.d_model * item + n_stats * tokens * stat_item + copies * per_copy
+            for n, n_stats, copies in self._state_counts(impl, layout == "padded"))
+
+    def _step_bytes(self, impl: str, layout: str, item: int) -> int:
+        """Bytes the state holds for the whole step whatever the tokens: the pseudo-queries with the
+        key gain folded in, made once per step where the phases pass queries on (fused, eager and
+        model scope: ``routers.block.two_phase._step_rows``; without a key gain they are views of
+        the parameter, which is no state)."""
+        phases = _impls.get(impl, self.name).phases
+        if layout == "padded" or not getattr(phases, "passes_queries", False) or self.key_gain is None:
+            return 0
+        return self.pseudo_query.numel() * item
 
     def ideal_io_per_token(self, schedule: int | None = None, layout: str = "tuple") -> float:
         """Ideal I/O per token and sublayer, units of d elements (AttnRes paper, Table 1).
