@@ -28,10 +28,10 @@ MAX_D = 4096
 CONFIGS: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     "rms_match": ((MAX_D, (4, 8)),),
     "phase2_fwd": ((MAX_D, (4, 8)),),
-    "phase2_bwd": ((256, (8, 16)), (512, (4, 8)), (1024, (4, 16)), (2048, (4, 8)), (MAX_D, (8,))),
-    "phase1_fwd": ((256, (2, 4)), (2048, (4, 8)), (MAX_D, (8, 16))),
-    "phase1_bwd_dot": ((MAX_D, (4, 8)),),
-    "phase1_bwd": ((512, (4, 8)), (1024, (2, 16)), (MAX_D, (4, 8))),
+    "phase2_bwd": ((256, (4, 16)), (512, (2, 8)), (2048, (4, 8)), (MAX_D, (8,))),
+    "phase1_fwd": ((256, (2, 4)), (1024, (4, 8)), (2048, (8,)), (MAX_D, (16,))),
+    "phase1_bwd_dot": ((256, (2, 4)), (512, (8,)), (MAX_D, (4, 8))),
+    "phase1_bwd": ((512, (4, 8)), (2048, (2, 16)), (MAX_D, (8,))),
     "phase1_bwd_q": ((MAX_D, (4, 8)),),
 }
 #: the BLOCK_D the compile check covers (≤ 128 is the interpreter tests' and holds little)
