@@ -1,6 +1,7 @@
 """The ``fused`` implementation of the block routers (Attention Residuals, arXiv:2603.15031;
 WAV v1 / HAARES, arXiv:2606.06564): the two-phase schedule (``routers/block/two_phase.py``) with
-its math in Triton kernels (``routers/block/fused_kernels.py``), registered as ``torch.library``
+its math in Triton kernels (``routers/block/fused_kernels.py``: phase 1; ``fused_kernels_merge.py``:
+phase 2 and the RMS matching), registered as ``torch.library``
 custom ops so that ``torch.compile`` treats each as one opaque call under both scopes (tested on
 CPU under the interpreter) and a CUDA graph can capture its launches (``tests/test_fused.py``'s
 CUDA test; no GPU has run it yet).
@@ -28,7 +29,8 @@ The ops (namespace ``routerbench``), each with a fake implementation and ``regis
   tensor ``coef_t`` (the layer scope).
 
 So the backward keeps the tensors ``lean``'s keeps (the sources once, the block's updates, h), and
-of its float32 statistics only μ and s (no inverse RMS): the kernels recompute the logits, weights, dots and gains.
+of its float32 statistics μ, s and the keys' inverse RMS that phase 1 wrote (none in the router's
+state): the kernels recompute the logits, weights, dots and gains.
 The FLOPs of the ops are counted on the naive twin (``Impl.opaque``). The kernels run on CUDA,
 and on CPU tensors under ``TRITON_INTERPRET=1`` (tests at tiny shapes), where every kernel runs
 its first config: the autotuner times configs through a GPU driver. On CUDA each kernel is
@@ -379,8 +381,9 @@ def _parity_tokens(tokens: int, device: str) -> int | None:
 IMPL = Impl("fused", ("block_attnres", "haares", "wav_v1"), "two_phase", phases=FUSED, backward="recompute",
             devices=("cuda",), dtypes=("float32", "bfloat16"), probe=_reason, interpretable=True,
             conventions=BUILTIN_NOTE + ": the two-phase schedule in Triton kernels (routers/block/"
-            "fused_kernels.py) as torch.library custom ops: the inverse RMS of a source, phase 1 over the "
-            "pool passed as a tuple of pointers, phase 2's merge; float32 accumulation, no TF32; the "
+            "fused_kernels*.py) as torch.library custom ops: phase 1 over the pool passed as a tuple of "
+            "pointers (each key's inverse RMS computed where its row is loaded), phase 2's merge (through which "
+            "a block's running sums pass), the RMS matching of the details; float32 accumulation, no TF32; the "
             "backward recomputes from the sources, the block's updates and float32 statistics", builtin=True,
             no_layer_scope=None, check=_check,
             state=StateModel(phase1=True, keeps_updates=True, key_rms_cached=False, query_copies=True),
