@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-compile test-torch test-kernels bench golden venv
+.PHONY: run test test-compile test-torch test-kernels test-slurm bench golden venv
 
 venv:
 	@VENV=$(VENV) bash scripts/setup_env.sh
@@ -18,6 +18,18 @@ test: venv
 ## make test-compile: the compile tests with the full router x impl matrix (cold: ~9 min on 2 CPU cores)
 test-compile: venv
 	$(PY) -m pytest -q -m compile --compile-matrix $(ARGS)
+
+## make test-slurm: the depth study on a real SLURM (tests/test_slurm.py): starts a one-node cluster
+## here (scripts/slurm_local.sh, which installs slurmctld, slurmd, slurm-client and munge with apt-get
+## when they are missing), runs the tests against it, then stops the daemons it started, by pid
+test-slurm: venv
+	@out=$$(bash scripts/slurm_local.sh) || exit 1; \
+	eval "$$(printf '%s\n' "$$out" | grep '^export ')"; \
+	started=$$(printf '%s\n' "$$out" | sed -n 's/^# started: *//p'); \
+	echo "setup: SLURM at $$SLURM_CONF (started here: $$started)"; \
+	rc=0; ROUTERBENCH_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_slurm.py $(ARGS) || rc=$$?; \
+	if [ -n "$$started" ] && [ "$$started" != "none" ]; then bash scripts/slurm_local.sh --stop --only "$$started"; fi; \
+	exit $$rc
 
 ## make test-kernels: the Triton kernels' tests after installing the kernels extra (triton 3.7.1, the
 ## peers): fused against naive, opcheck and planted bugs under Triton's interpreter

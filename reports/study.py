@@ -9,8 +9,15 @@ From the rows of a study run directory (mode ``study``, :mod:`harness.training.s
   (:func:`harness.stats.seeds.paired_t`; one seed gives "one seed: no test");
 - figures ``loss_vs_depth`` and ``gain_vs_depth`` (the depth trend against ``block_attnres``,
   paired by seed, with each depth's t-interval over seeds), each with the CSV of what it draws;
-- :func:`write_study`: ``study.md``, ``study.html``, ``study_table.csv``, ``study_runs.csv`` in
-  the run directory, and the text the command prints.
+- :func:`write_report`: ``study.md``, ``study.html``, ``study_table.csv``, ``study_runs.csv`` and
+  the figures of a set of runs, and the text the command prints; :func:`write_study` is its case of
+  one run directory written into itself, :func:`reports.study_merge.write_merged` of several (the
+  units of a study, ``routerbench study report``).
+
+Losses are pooled across directories; wall-clock figures never across devices: each run keeps its
+device (``study_runs.csv``'s ``device`` column), and the estimate and the training clocks are
+summed per device only. Units that were expected but hold no complete set of routers are listed,
+never filled.
 
 A tiny-scale study says "plumbing smoke test, not evidence" in the caption, the figures and the
 report; a char-scale study below the full step budget says it is a smoke test (the manifest's
@@ -36,16 +43,18 @@ from .render import Section, render_html, render_markdown
 
 STUDY_MODE = "study"
 BASELINE = "block_attnres"
-RUN_COLUMNS = ["router", "depth", "seed", "status", "loss", "train_time", "note", "case_key"]
+RUN_COLUMNS = ["router", "depth", "seed", "status", "loss", "train_time", "device", "note", "case_key"]
 TABLE_COLUMNS = ["router", "depth", "n_seeds", "loss_mean", "loss_per_seed", "left_out", "n_pairs",
                  "delta", "delta_lo", "delta_hi", "ppl_change_pct", "t", "p", "test"]
 NO_TEST_ONE = "one seed: no test"
 
 
-def study_runs(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+def study_runs(rows: list[dict] | pd.DataFrame, device: str | None = None) -> pd.DataFrame:
     """One row per study run: :data:`RUN_COLUMNS`; ``status`` ``ok`` (a loss at the token
     budget), ``diverged``, ``error``/``oom``/``skipped`` (the run's failure row), or ``incomplete``
-    (evaluations committed, no final rows yet); ``loss`` only for ``ok`` runs."""
+    (evaluations committed, no final rows yet); ``loss`` (nats) only for ``ok`` runs;
+    ``train_time`` (s, steps only); ``device``: ``device`` (the run directory's device slug), else
+    each row's own ``device`` field."""
     df = pd.DataFrame(rows)
     if df.empty or "mode" not in df:
         return pd.DataFrame(columns=RUN_COLUMNS)
@@ -65,8 +74,8 @@ def study_runs(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
             status, note = "incomplete", "evaluations committed, no result yet"
         out.append({"router": first["router"], "depth": int(first["n_layers"]), "seed": int(first["seed"]),
                     "status": status, "loss": float(loss["value"].iloc[-1]) if status == "ok" else math.nan,
-                    "train_time": float(clock.iloc[-1]) if len(clock) else math.nan, "note": note,
-                    "case_key": key})
+                    "train_time": float(clock.iloc[-1]) if len(clock) else math.nan,
+                    "device": device or str(first.get("device") or ""), "note": note, "case_key": key})
     return pd.DataFrame(out, columns=RUN_COLUMNS)
 
 
@@ -255,43 +264,120 @@ def gain_vs_depth(runs: pd.DataFrame, table: pd.DataFrame, out_dir: Path, title:
 # --- the report -----------------------------------------------------------------------------
 
 
+def run_source(run_dir: Path | str, manifest: dict) -> dict:
+    """What the report keeps of one run directory: ``dir``, ``device`` (the manifest's
+    ``environment.device_slug``, else its device name, else ``"unknown device"``) and
+    ``estimate`` (the manifest's, or None)."""
+    env = manifest.get("environment") or {}
+    return {"dir": str(run_dir), "device": env.get("device_slug") or env.get("device_name") or "unknown device",
+            "estimate": manifest.get("estimate")}
+
+
+def study_grid(manifest: dict) -> set[tuple[int, int]]:
+    """``(depth, seed)`` of every unit a study's manifest plans: its seeds × its depths."""
+    return {(int(d), int(s)) for d in manifest.get("depths") or () for s in manifest.get("seeds") or ()}
+
+
+def missing_units(runs: pd.DataFrame, expected: dict[tuple[int, int], set[str]], routers: list[str]) -> list[str]:
+    """The units of ``expected`` (``(depth, seed)`` -> the routers it should hold) that lack a
+    finished run of one of them (``incomplete`` or absent), one phrase each, seeds outermost, routers
+    in ``routers``' order: ``"L4 seed 1: not run"``, ``"L4 seed 1: haares not finished"``."""
+    have = {(int(r.depth), int(r.seed), r.router) for r in runs[runs["status"] != "incomplete"].itertuples()}
+    tried = {(int(r.depth), int(r.seed)) for r in runs.itertuples()}
+    out = []
+    for (depth, seed), want in sorted(expected.items(), key=lambda u: (u[0][1], u[0][0])):
+        rank = {r: i for i, r in enumerate(routers)}
+        lack = sorted((r for r in want if (depth, seed, r) not in have), key=lambda r: (rank.get(r, len(rank)), r))
+        if lack:
+            out.append(f"L{depth} seed {seed}: " + ("not run" if (depth, seed) not in tried
+                                                    else f"{', '.join(lack)} not finished"))
+    return out
+
+
+def device_clocks(runs: pd.DataFrame) -> dict[str, tuple[int, float]]:
+    """Per device (in order of appearance): ``(runs with a clock, their training clocks summed,
+    s)``. Clocks of different devices are never added together."""
+    clocks = runs.groupby("device", sort=False)["train_time"]
+    return {str(dev): (int(g.notna().sum()), float(g.sum())) for dev, g in clocks}
+
+
+def clock_sentences(runs: pd.DataFrame, sources: list[dict]) -> list[str]:
+    """The estimate before training and the training clocks, per device: on one device one
+    sentence (the estimates of its directories summed; nothing without an estimate), on several
+    one per device and a sentence that they are not added."""
+    devices = list(dict.fromkeys([s["device"] for s in sources] + list(runs["device"].dropna())))
+    est = {d: [s["estimate"] for s in sources if s["device"] == d and s.get("estimate")] for d in devices}
+    method = next((e.get("method") for v in est.values() for e in v), None)
+    clocks = device_clocks(runs)
+    if len(devices) <= 1:
+        if not method:
+            return []
+        e, total = est[devices[0]], clocks.get(devices[0], (0, 0.0))[1]
+        return [f"Estimated before training: {sum(x['total_s'] for x in e):.0f} s for "
+                f"{sum(x['runs_left'] for x in e)} runs ({method}). Training clocks of the runs sum to "
+                f"{total:.0f} s (steps only; evaluation off the clock)."]
+    out = []
+    for d in devices:
+        (n, total), e = clocks.get(d, (0, 0.0)), est[d]
+        guess = (f"estimated before training {sum(x['total_s'] for x in e):.0f} s for "
+                 f"{sum(x['runs_left'] for x in e):g} runs; " if e else "no estimate recorded; ")
+        out.append(f"On {d}: {guess}training clocks of its {n} run{'s' * (n != 1)} sum to "
+                   f"{say.fmt_seconds(total)}.")
+    return out + [f"Clocks and estimates of different devices are not added (clocks: steps only, evaluation "
+                  f"off the clock{'; estimates: ' + method if method else ''})."]
+
+
 def write_study(run_dir: Path | str) -> tuple[dict[str, Path], str]:
     """Write the study's report into ``run_dir`` and return ``(paths by file name, the text the
-    command prints)``: the scale label, caption, table and sentences."""
+    command prints)``: :func:`write_report` of this one run directory."""
     d = Path(run_dir)
     manifest = json.loads((d / MANIFEST_FILE).read_text()) if (d / MANIFEST_FILE).exists() else {}
-    runs = study_runs(load_rows([d]))
+    source = run_source(d, manifest)
+    runs = study_runs(load_rows([d]), source["device"])
+    order = manifest.get("routers") or list(dict.fromkeys(runs["router"]))
+    missing = missing_units(runs, {u: set(order) for u in study_grid(manifest)}, order)
+    return write_report(d, manifest, runs, [source], missing, d.name)
+
+
+def write_report(out_dir: Path | str, manifest: dict, runs: pd.DataFrame, sources: list[dict], missing: list[str],
+                 name: str, cautions: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Path], str]:
+    """Write the report of ``runs`` (:func:`study_runs` of every directory, with devices) into
+    ``out_dir`` and return ``(paths by file name, the text the command prints)``: the scale label,
+    caption, table and sentences, the ``missing`` units (:func:`missing_units`) and ``cautions``.
+
+    ``manifest``: the study's (merged) manifest; ``sources``: :func:`run_source` of each directory
+    (estimates and clocks per device); ``name``: the title's suffix."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
     order = manifest.get("routers") or list(dict.fromkeys(runs["router"]))
     table = depth_table(runs, order)
     cap, shown, words = caption(manifest, runs), display_table(table), sentences(table)
     tiny = manifest.get("scale") == "tiny"
-    title = ("Depth study (plumbing smoke test, not evidence)" if tiny else "Depth study") + f" — {d.name}"
+    title = ("Depth study (plumbing smoke test, not evidence)" if tiny else "Depth study") + f" — {name}"
     fig_title = manifest.get("scale_label", "").replace("plumbing smoke test, not evidence",
                                                         "PLUMBING SMOKE TEST, NOT EVIDENCE")
     if manifest.get("budget_note"):
         what = "a SMOKE TEST of the claim" if "smoke test" in manifest["budget_note"] else "a shortened study"
         fig_title += f" — {manifest['max_steps']:,} steps per run: {what}"
     paths: dict[str, Path] = {}
-    for name, frame in (("study_table.csv", table), ("study_runs.csv", runs)):
-        frame.to_csv(d / name, index=False)
-        paths[name] = d / name
+    for fname, frame in (("study_table.csv", table), ("study_runs.csv", runs)):
+        frame.to_csv(d / fname, index=False)
+        paths[fname] = d / fname
     figs = {"loss_vs_depth": loss_vs_depth(runs, d, fig_title, order),
             "gain_vs_depth": gain_vs_depth(runs, table, d, fig_title, order)}
     budget = manifest.get("budget_note")  # a step budget below the full study's: a smoke test
+    gaps = ([f"Missing units ({len(missing)}; left out of every mean and pair, never filled): "
+             + "; ".join(missing) + "."] if missing else [])
+    notes = [f"Caution: {c}" for c in cautions]
     head = Section("Summary", [("text", cap)] + ([("text", f"Budget: {budget}.")] if budget else [])
-                   + [("text", s) for s in words])
+                   + [("text", s) for s in gaps + notes + words])
     if BASELINE not in order:
         head.blocks.append(("text", f"{BASELINE} was not trained: no Δ, no test."))
-    est = manifest.get("estimate") or {}
-    clocks = runs["train_time"].sum()
-    if est:
-        head.blocks.append(("text", f"Estimated before training: {est['total_s']:.0f} s for {est['runs_left']} "
-                                    f"runs ({est['method']}). Training clocks of the runs sum to "
-                                    f"{clocks:.0f} s (steps only; evaluation off the clock)."))
+    head.blocks += [("text", s) for s in clock_sentences(runs, sources)]
     sections = [head, Section("Loss at the token budget", [("table", shown)])]
     fig_blocks = []
-    for name, path, what in (("loss_vs_depth", figs["loss_vs_depth"], "Loss at the token budget vs depth"),
-                             ("gain_vs_depth", figs["gain_vs_depth"], f"Δ loss vs {BASELINE} vs depth")):
+    for fig, path, what in (("loss_vs_depth", figs["loss_vs_depth"], "Loss at the token budget vs depth"),
+                            ("gain_vs_depth", figs["gain_vs_depth"], f"Δ loss vs {BASELINE} vs depth")):
         if path is not None:
             paths[path.name] = path
             paths[path.with_suffix(".csv").name] = path.with_suffix(".csv")
@@ -307,6 +393,6 @@ def write_study(run_dir: Path | str) -> tuple[dict[str, Path], str]:
     (d / "study.md").write_text(render_markdown(title, sections, d), encoding="utf-8")
     (d / "study.html").write_text(render_html(title, sections), encoding="utf-8")
     paths["study.md"], paths["study.html"] = d / "study.md", d / "study.html"
-    text = "\n".join([cap, *([f"Budget: {budget}."] if budget else []), "",
+    text = "\n".join([cap, *([f"Budget: {budget}."] if budget else []), *gaps, "",
                       shown.to_markdown(index=False, disable_numparse=True), "", *words])
     return paths, text

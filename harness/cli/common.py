@@ -112,16 +112,19 @@ class Run:
         command: ``run``, ``train`` or ``profile``.
         spec: the resolved spec (``output.out``/``output.run_id`` say where).
         prefix: run-id prefix (``profile-``).
+        run_id: instead of ``--run-id`` (a study's unit: ``STUDY-L{depth}-s{seed}``).
+        lock: False with ``--lock-free`` (:func:`harness.rundir.lock.take_lock`).
 
     Raises:
         ConfigError: ``--out`` unusable, the directory locked by another process, or a resumed
             run whose ``spec.toml`` differs from the options given.
     """
 
-    def __init__(self, command: str, spec: Any, prefix: str = "") -> None:
+    def __init__(self, command: str, spec: Any, prefix: str = "", run_id: str | None = None,
+                 lock: bool = True) -> None:
         import torch
         out = spec.output.out or DEFAULT_OUT
-        given = spec.output.run_id or new_run_id()
+        given = run_id or spec.output.run_id or new_run_id()
         self.run_id = given if given.startswith(prefix) else prefix + given
         self.device = torch.device(spec.output.device)
         self.dir = Path(out) / device_slug(self.device) / self.run_id
@@ -132,7 +135,7 @@ class Run:
             self.writer = NullRunWriter(self.dir, self.run_id)
             return
         self.writer = RunWriter(self.dir, self.run_id, new_run_id(),
-                                base={"device": str(self.device)}, out_option=f"--out {out}")
+                                base={"device": str(self.device)}, out_option=f"--out {out}", lock=lock)
         try:
             self._check_spec()
         except BaseException:
@@ -145,7 +148,6 @@ class Run:
 
     def _check_spec(self) -> None:
         """A resumed run must be resumed with the spec it was started with."""
-        mine = _comparable(to_toml(self.spec, self.spec.NOT_IN_FILE))
         if not self.spec_path.exists() and (self.dir / "records.jsonl").exists():
             raise ConfigError(f"--run-id {self.run_id}: {self.dir} holds records but no {SPEC_FILE}, so "
                               "what it measured cannot be checked against these options; choose another --run-id")
@@ -162,17 +164,14 @@ class Run:
             if command != self.command:
                 raise ConfigError(f"--run-id {self.run_id}: {self.dir} holds a `routerbench {command}` run; "
                                   f"choose another --run-id for `routerbench {self.command}`")
-            try:  # resolved as the new spec is: a key the file predates takes its default
-                stored, labels = load(type(self.spec), {}, str(self.spec_path))
-                theirs = _comparable(to_toml(stored.resolve(labels), self.spec.NOT_IN_FILE))
+            try:
+                diff = spec_difference(self.spec, self.spec_path)
             except ConfigError as exc:
                 raise ConfigError(f"--run-id {self.run_id}: its {SPEC_FILE} no longer loads ({exc}); "
                                   "choose another --run-id") from None
-            if theirs != mine:
-                keys = list(theirs) + [k for k in mine if k not in theirs]
-                diff = next(k for k in keys if mine.get(k) != theirs.get(k))
-                raise ConfigError(f"--run-id {self.run_id}: this run was started with {diff} = "
-                                  f"{_show(theirs.get(diff))}, not {_show(mine.get(diff))}; resume it with "
+            if diff:
+                raise ConfigError(f"--run-id {self.run_id}: this run was started with {diff[0]} = "
+                                  f"{_show(diff[1])}, not {_show(diff[2])}; resume it with "
                                   f"--config {self.spec_path} or choose another --run-id")
             _check_plugins(self.run_id, self.spec_path, tomllib.loads(text).get("plugins") or [])
         from routers import plugins
@@ -306,6 +305,24 @@ def _check_plugins(run_id: str, spec_path: Path, recorded: list) -> None:
                 raise ConfigError(f"--run-id {run_id}: this run was started with plugin {p.label}, "
                                   f"{what} {str(rec[key])[:12]}, now {str(getattr(p, key))[:12]}; restore "
                                   f"that plugin to resume it ({spec_path}) or choose another --run-id")
+
+
+def spec_difference(spec: Any, path: Path) -> tuple[str, Any, Any] | None:
+    """The first option on which the spec file at ``path`` (resolved as ``spec`` is: a key the file
+    predates takes its default) differs from ``spec``: ``(dotted key, file's value, spec's value)``,
+    or None when they agree on everything that changes a result.
+
+    Raises:
+        ConfigError: the file no longer loads or resolves.
+    """
+    mine = _comparable(to_toml(spec, spec.NOT_IN_FILE))
+    stored, labels = load(type(spec), {}, str(path))
+    theirs = _comparable(to_toml(stored.resolve(labels), spec.NOT_IN_FILE))
+    if theirs == mine:
+        return None
+    keys = list(theirs) + [k for k in mine if k not in theirs]
+    diff = next(k for k in keys if mine.get(k) != theirs.get(k))
+    return diff, theirs.get(diff), mine.get(diff)
 
 
 def _show(value: Any) -> str:

@@ -296,12 +296,12 @@ def plan_study(spec, device, vocab: int) -> Plan:
     from harness.training.forecast import PlannedRun, forecast_training, probe_seconds
     st, name = spec.study, _device_name(device)
     runs, probe = [], (0.0, 0.0)
-    for seed in range(st.seeds):
+    for seed in st.seed_list:
         for depth in st.depths:
             tc = spec.train_config(depth)
             for r, o in spec.options_at(depth).items():
                 runs.append(PlannedRun(r, o, tc, tc.max_steps, group=(seed, depth)))
-                if not seed:
+                if seed == st.seed_list[0]:
                     probe = fc.add(probe, probe_seconds(runs[-1], min(st.estimate_steps, tc.max_steps),
                                                         vocab, device.type, name))
     tr = forecast_training(runs, vocab, device.type, name, st.schedule, available_bytes(device))

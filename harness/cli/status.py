@@ -18,7 +18,7 @@ from . import SHORT_HELP
 from ..spec import ProfileSpec, RunSpec, TrainSpec, load
 from ..spec.base import tomllib
 from ..spec.study import StudySpec
-from .common import resume_command
+from .common import program, resume_command
 
 SPECS = {"run": RunSpec, "train": TrainSpec, "profile": ProfileSpec, "study depth": StudySpec}
 
@@ -38,17 +38,24 @@ def expected_keys(command: str, spec_path: Path) -> tuple[list[str] | None, int]
         pilot = 1 if spec.training.target_from_pilot else 0
         return [], len(spec.routers.routers) * spec.training.seeds + pilot
     if command == "study depth":
-        return [], len(spec.routers.routers) * len(spec.study.depths) * spec.study.seeds
+        return [], len(spec.routers.routers) * len(spec.study.depths) * len(spec.study.seed_list)
     return [spec.case().key], 0
 
 
 @click.command("status", short_help=SHORT_HELP["status"])
 @click.argument("run_dir")
-def status_cmd(run_dir) -> None:
+@click.option("--retry-failed", is_flag=True, default=False,
+              help="On a study root: put units that failed twice into the command that runs what is missing.")
+def status_cmd(run_dir, retry_failed) -> None:
     """Cases done and left, aborted units, the stage now, failure rows, and the command that resumes
-    RUN_DIR."""
+    RUN_DIR. On a study root (`study depth --unit/--launcher`'s --out): each unit's state and the one
+    command that runs only what is missing."""
     d = Path(run_dir)
     spec_path = d / SPEC_FILE
+    from harness.training.units import read_index
+    if d.is_dir() and not spec_path.exists() and (index := read_index(d)) is not None:
+        study_status(d, index, retry_failed)
+        return
     if not d.is_dir() or not (spec_path.exists() or (d / RECORDS_FILE).exists()):
         raise ConfigError(f"RUN_DIR: {d} is not a run directory (no {SPEC_FILE} or {RECORDS_FILE}); "
                           "give results/<device>/<run-id>")
@@ -133,6 +140,76 @@ def status_cmd(run_dir) -> None:
             click.echo(f"resume:    {resume_command(command, d)}")
     elif command in SPECS:
         click.echo("resume:    nothing left to do")
+
+
+def study_status(root: Path, index: dict, retry_failed: bool) -> None:
+    """One line per unit of the study at ``root`` (done / running (lock holder) / failed (attempts,
+    the last line of its log) / not started), from the unit directories alone, then the command that
+    runs only what is missing; a unit failed :data:`~harness.training.units.MAX_ATTEMPTS` times is
+    left out of it unless ``retry_failed``."""
+    from harness.training.units import MAX_ATTEMPTS, UNIT_LOG, unit_dirs, unit_state
+    from .study_units import unit_command
+    try:
+        spec, labels = load(StudySpec, {}, str(root / index["spec"]))
+        n_routers = len(spec.resolve(labels).routers.routers)
+    except (ConfigError, OSError) as exc:
+        raise ConfigError(f"RUN_DIR: {root / index['spec']} does not load ({exc}); it is the spec of every "
+                          "unit of this study") from None
+    from .study_slurm import SBATCH_FILE, queued, read_jobs
+    jobs = read_jobs(root)
+    queue = queued(index["study_id"]) if jobs else {}
+    units = index["units"]
+    click.echo(f"study root: {root}")
+    click.echo(f"study:      {index['study_id']}, {len(units)} units (seeds outermost, then depths), "
+               f"{n_routers} routers each")
+    counts: Counter = Counter()
+    missing, held_back = [], []
+    for u in units:
+        dirs = unit_dirs(root, u)
+        states = [(dd, unit_state(dd, n_routers)) for dd in dirs] or [(None, unit_state(None, n_routers))]
+        dd, st = next(((x, y) for x, y in states if y["state"] == "done"), states[0])
+        counts[st["state"]] += 1
+        where = f"  {dd.parent.name}/" if dd is not None else ""
+        if st["state"] == "done":
+            line = "done"
+        elif st["state"] == "running":
+            h = st["holder"] or {}
+            line = (f"running: pid {h.get('pid')} on {h.get('host')} since {h.get('started')}"
+                    + (" (lock-free: not verified)" if h.get("unverified") else ""))
+        elif st["state"] == "failed":
+            line = (f"failed: {st['attempts']} attempt{'s' * (st['attempts'] != 1)}, {st['done_runs']} of "
+                    f"{n_routers} runs done; last line of {UNIT_LOG}: {st['last_line'] or '(empty)'}")
+        else:
+            line = "not started"
+        slurm = (queue or {}).get(u.index)
+        if slurm and st["state"] != "running":  # pending or requeued in the scheduler: not missing
+            line, counts[st["state"]], counts["queued"] = f"{line}; queued: {slurm}", counts[st["state"]] - 1, \
+                counts["queued"] + 1
+        elif slurm:
+            line += f" ({slurm})"
+        click.echo(f"  unit {u.index:3d}  L{u.depth:<4d} seed {u.seed:<4d} {line}{where}")
+        if st["state"] in ("failed", "not started") and not slurm:
+            if st["state"] == "failed" and st["attempts"] >= MAX_ATTEMPTS and not retry_failed:
+                held_back.append(u.index)
+            else:
+                missing.append(u.index)
+    click.echo("units:      " + ", ".join(f"{k} {counts[k]}" for k in ("done", "running", "queued", "failed",
+                                                                        "not started") if counts[k]))
+    if jobs:
+        click.echo(f"slurm:      job{'s' * (len(jobs) != 1)} {', '.join(j['job_id'] for j in jobs)}"
+                   + ("; squeue could not be asked: queued tasks show as not started" if queue is None else ""))
+    if held_back:
+        click.echo(f"held back:  unit{'s' * (len(held_back) != 1)} {','.join(map(str, held_back))} failed "
+                   f"{MAX_ATTEMPTS} times or more: left out below; read their {UNIT_LOG}, then add "
+                   "--retry-failed to this command to include them")
+    if missing and jobs:
+        click.echo(f"run:        sbatch --array={','.join(map(str, missing))} {root / SBATCH_FILE}")
+    elif missing:
+        click.echo(f"run:        {unit_command(root, index['study_id'], missing, None)} --launcher local")
+    elif counts["running"] or counts["queued"]:
+        click.echo("run:        nothing to start: the units left are running; look again when they end")
+    elif not held_back:
+        click.echo(f"run:        nothing left to do; merge with: {program()} study report {root}")
 
 
 COMMANDS = (status_cmd,)

@@ -38,7 +38,8 @@ them). Kinds:
   committed unit's leftover pending file is dropped on resume, never moved to ``aborted/``).
 - ``slow=MS``: every call of the case's step first spins for MS milliseconds of wall time (a
   planted slowdown for the CI gate's tests, ``routerbench gate``: a regression that needs no code
-  change). It spins rather than sleeps so the process stays on the CPU as real work does, and the
+  change); on a training run, every training step spins MS ms after its work (a run held long
+  enough for a test to act on it mid-run). It spins rather than sleeps so the process stays on the CPU as real work does, and the
   noise probe (:mod:`harness.timing.noise`, CPU utilisation) does not read the delay as an idle machine.
 
 - ``jitter=MS``: every call of the case's step first spins for MS milliseconds or not at all, at
@@ -58,6 +59,10 @@ them). Kinds:
   (the test that diagnose reads the newest checkpoint, or says in one line that the run is in
   progress when the replacements outlast its retries).
 
+- ``lock_refused``: matched against a run directory's **path**, not a case key: opening it finds
+  ``flock`` refused, as on a network file system without locks (the test of the one-line refusal
+  that names ``--lock-free``).
+
 Training runs are matched by their case key, ``train|router|options|backend|…|seed|corpus`` (or
 ``pilot|…`` for the pilot), e.g. ``ROUTERBENCH_FAULT="nan_loss:train|haares|*"``.
 
@@ -76,7 +81,7 @@ from typing import Iterable
 
 ENV = "ROUTERBENCH_FAULT"
 KINDS = ("oom", "crash", "hang", "device_error", "disk_full", "nan_loss", "kill_after_eval", "kill_in_eval", "kill_in_unit",
-         "kill_after_commit", "slow", "jitter", "busy", "checkpoint_replaced")
+         "kill_after_commit", "slow", "jitter", "busy", "checkpoint_replaced", "lock_refused")
 
 
 #: Kinds whose entry carries a number > 0: kind -> (what the number is, its name in messages).
@@ -188,6 +193,20 @@ def maybe_slow(case_key: str, step):
             pass
         return step()
     return slowed
+
+
+def in_training_step(entry: tuple[str, int | None] | None, step: int, eval_every: int, loss):
+    """What the fault ``entry`` of a training run (:func:`fault_entry` of its key) does to step
+    ``step`` (0-based), after its work: ``nan_loss`` makes the loss non-finite from the first step
+    after the first evaluation; ``slow=MS`` spins MS milliseconds (a run held long enough for a test
+    to act on it mid-run, e.g. a scheduler's requeue). Returns the loss."""
+    if entry and entry[0] == "nan_loss" and step >= eval_every:
+        return loss * float("nan")
+    if entry and entry[0] == "slow":
+        end = time.perf_counter() + entry[1] / 1e3
+        while time.perf_counter() < end:  # spin: see the module doc
+            pass
+    return loss
 
 
 def unit_kill_point(case_keys: Iterable[str], kind: str) -> int | None:

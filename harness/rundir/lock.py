@@ -7,6 +7,7 @@ lock_holder` reads for ``routerbench status``.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -47,9 +48,17 @@ def make_run_dir(run_dir: Path, out_option: str = "--out") -> None:
                           f"{out_option} a writable directory") from None
 
 
-def take_lock(run_dir: Path, run_id: str):
+#: What a run directory's lock is held by when ``flock`` is not used (``--lock-free``).
+LOCK_FREE = "lock_free"
+
+
+def take_lock(run_dir: Path, run_id: str, lock: bool = True):
     """Take the exclusive ``fcntl.flock`` of ``run_dir``'s ``.lock`` (dropped by the kernel when the
     process dies) and write the holder (pid, host, start time, command line) into it.
+
+    Args:
+        lock: False (``--lock-free``): write the holder, marked ``lock_free``, without ``flock``;
+            one writer per directory is then the caller's promise (a launcher keeps it).
 
     Returns:
         the open lock file (closing it releases the lock).
@@ -57,11 +66,18 @@ def take_lock(run_dir: Path, run_id: str):
     Raises:
         RunLockedError: another live process holds it (the message names its pid, host and start
             time, and ``--run-id``).
+        ConfigError: the file system refuses ``flock`` (some network file systems): one line naming
+            ``--lock-free`` and a local ``--out``. ``ROUTERBENCH_FAULT="lock_refused:GLOB"`` (GLOB over
+            the run directory's path) plants that refusal.
     """
     path = run_dir / LOCK_FILE
     fh = open(path, "a+", encoding="utf-8")
     try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if lock:
+            from .faults import fault_for
+            if fault_for(str(run_dir)) == "lock_refused":
+                raise OSError(errno.ENOLCK, "No locks available (injected by ROUTERBENCH_FAULT)")
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.seek(0)
         try:
@@ -73,9 +89,15 @@ def take_lock(run_dir: Path, run_id: str):
                else "another process")
         raise RunLockedError(f"--run-id {run_id}: {run_dir} is being written by {who}; wait for it "
                              "or choose another --run-id") from None
+    except OSError as exc:  # ENOLCK, EOPNOTSUPP, ENOSYS, EINVAL: a file system without flock
+        fh.close()
+        raise ConfigError(f"--out: the file system of {run_dir} refuses flock ({exc.strerror or exc}), so two "
+                          "writers of one run directory could not be kept apart; put --out on a local file "
+                          "system, or give --lock-free and run each unit once at a time (the launchers do)"
+                          ) from None
     fh.seek(0)
     fh.truncate()
     fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
-                         "argv": sys.argv}) + "\n")
+                         "argv": sys.argv, **({} if lock else {LOCK_FREE: True})}) + "\n")
     fh.flush()
     return fh

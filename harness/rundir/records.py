@@ -11,15 +11,13 @@ A run directory ``results/<device-slug>/<run-id>/`` holds
 - ``aborted/``: the rows of every abandoned unit (an interrupt, a killed process, a crashed or hung
   child under ``--isolate``, a full disk), moved there whole, never read as results, counted in
   ``manifest.json`` (``aborted``);
-- ``.lock``: the lock of the one writer (:class:`harness.rundir.writer.RunWriter`), with its pid, host
-  and start time;
+- ``.lock``: the lock of the one writer (:class:`harness.rundir.writer.RunWriter`): pid, host, start;
 - ``manifest.json`` and ``spec.toml``: the environment and the resolved run spec.
 
 Schema versions: 4 (this one: the timing columns ``pairs_with``, ``n_pairs``, ``stop`` and
-``ci_conf``, below; case keys as in 3, so a schema-3 directory is extended); 3 (the
-``compile_scope`` column, in case keys too); 2 (``schema``
-column, end markers; its compiled rows read as ``compile_scope`` ``model``, the only scope then);
-1 (no markers, a ``done.jsonl`` of finished cases). Schemas 1 and 2 are read, never extended; a
+``ci_conf``, below; case keys as in 3, so a schema-3 directory is extended); 3 (the ``compile_scope``
+column, in case keys too); 2 (``schema`` column, end markers; its compiled rows read as
+``compile_scope`` ``model``, the only scope then); 1 (no markers, a ``done.jsonl`` of finished cases). Schemas 1 and 2 are read, never extended; a
 schema newer than this version is refused, read or extended, with one line naming the upgrade
 (:class:`NewerSchemaError`). This module is the format and its reader; the writer
 is :mod:`harness.rundir`.
@@ -38,8 +36,11 @@ problem once (:class:`RecordsWarning`, printed as ``routerbench: warning: …``)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import os
+import socket
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -130,20 +131,35 @@ def make_row(base: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 
 def lock_holder(run_dir: Path) -> dict[str, Any] | None:
-    """Who holds the lock of ``run_dir`` now (pid, host, started), or None when nobody does."""
+    """Who holds the lock of ``run_dir`` now (pid, host, started), or None. A ``--lock-free`` holder
+    counts while its pid lives on this host; on another host it is ``unverified: True``."""
     path = Path(run_dir) / LOCK_FILE
     if not path.exists():
         return None
+    held = False
     with open(path, encoding="utf-8") as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
         except BlockingIOError:
-            try:
-                return json.loads(fh.read() or "{}") or {"pid": None}
-            except json.JSONDecodeError:
-                return {"pid": None}
-        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    return None
+            held = True
+        except OSError:  # a file system without flock: only a lock-free holder can be read
+            pass
+        text = fh.read()
+    h = {}
+    with contextlib.suppress(ValueError):  # a holder cut short reads as none
+        h = json.loads(text or "{}")
+    if held or not h.get("lock_free"):
+        return (h or {"pid": None}) if held else None
+    if h.get("host") != socket.gethostname():
+        return {**h, "unverified": True}
+    try:
+        os.kill(int(h.get("pid")), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return None
+    except PermissionError:  # alive, another user's
+        return h
+    return h
 
 
 def aborted_summary(run_dir: Path) -> dict[str, int]:

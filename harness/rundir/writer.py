@@ -234,6 +234,7 @@ class RunWriter:
         session: id of this invocation (a resumed run gets a new session).
         base: column values shared by every row (e.g. ``device``).
         out_option: how the user named the results root, for error messages (``--out results``).
+        lock: False (``--lock-free``): no ``flock``; the holder is written and cleared at close.
 
     Raises:
         ConfigError: the directory cannot be created or written (the message names ``--out``).
@@ -242,8 +243,9 @@ class RunWriter:
     """
 
     def __init__(self, run_dir: Path, run_id: str, session: str, base: dict[str, Any] | None = None,
-                 out_option: str = "--out") -> None:
+                 out_option: str = "--out", lock: bool = True) -> None:
         self.run_dir, self.run_id, self.session = Path(run_dir), run_id, session
+        self.lock_free = not lock
         self.base = dict(base or {})
         self.records = self.run_dir / RECORDS_FILE
         self._n_units = 0
@@ -253,7 +255,7 @@ class RunWriter:
             raise ConfigError(f"--run-id {run_id}: {self.run_dir} holds records of schema "
                               f"{schema_of(self.records)} (an older routerbench, whose case keys differ); they "
                               "can be reported but not extended: choose another --run-id")
-        self._lock_fh = take_lock(self.run_dir, run_id)
+        self._lock_fh = take_lock(self.run_dir, run_id, lock)
         self.recovered = self._recover()
         self.completed: dict[str, str] = completed_cases(self.run_dir)
 
@@ -269,6 +271,9 @@ class RunWriter:
         if self._lock_fh is not None:
             with contextlib.suppress(OSError):  # not empty: a unit left for the next writer to recover
                 (self.run_dir / PENDING_DIR).rmdir()
+            if self.lock_free:  # no kernel lock to drop: the holder is cleared by hand
+                with contextlib.suppress(OSError):
+                    self._lock_fh.truncate(0)
             self._lock_fh.close()
             self._lock_fh = None
 

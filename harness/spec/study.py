@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import torch
+
 from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
 from harness.training.config import PRECISIONS, TRAIN_BACKENDS, default_eval_every
 from harness.training.schedule import SCHEDULES
@@ -65,6 +67,8 @@ class Study:
                                             "tiny: 4,8,16).", min=1, max=MAX_DEPTH)
     seeds: int | None = option("int", "Seeds 0..N-1; every router trains once per seed and depth, paired "
                                "by seed (default: 3; tiny: 1).", min=1)
+    seed_list: tuple[int, ...] | None = option("ints", "Instead of --seeds: the seeds themselves, e.g. 0,3,7 "
+                                               "(each once, ≥ 0).", min=0, metavar="S,S")
     blocks: int | None = option("int", "Block count of the block routers, held fixed across depths; must "
                                 f"divide every depth (default: {DEFAULT_BLOCKS}).", min=1)
     block_length: int | None = option("int", "Instead of --blocks: layers per block (2L sublayers), held "
@@ -89,16 +93,63 @@ class Study:
                                         "printed before training (default: 3, after 3 untimed).", min=1)
 
 
+#: How a study is cut into units and run (``[launch]``): none of it changes a result, so none of it
+#: is written to ``spec.toml`` and a unit resumes under any of it (harness/training/units.py).
+LAUNCHERS = ("local", "slurm")
+UNITS_FORMATS = ("json", "commands")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The study as units (``[launch]``): one seed at one depth with every router of the study."""
+
+    unit: tuple[int, ...] | None = option("ints", "Run only these units (indices of --units; seeds outermost, "
+                                          "then depths), each in its own run directory "
+                                          "<out>/<device>/<run-id>-L<depth>-s<seed>; needs --run-id.",
+                                          min=0, metavar="INDEX")
+    units: str | None = option("str", "Print every unit (json or commands: its exact command, its directory, "
+                               "its share of the estimate) and exit.", choices=UNITS_FORMATS)
+    launcher: str | None = option("str", "local: run the units in parallel worker processes on this machine "
+                                  "(one per visible GPU, or --workers CPU workers).", choices=LAUNCHERS)
+    workers: int | None = option("int", "Worker processes of --launcher local (default: the visible GPUs, else "
+                                 "2); implies --launcher local.", min=1)
+    threads: int | None = option("int", "CPU threads of each unit (torch and OMP; default: this machine's CPUs, "
+                                 "shared among --workers); recorded in the manifest.", min=1)
+    lock_free: bool | None = option("bool", "Do not flock the run directory (a file system that refuses "
+                                    "flock): rely on one writer per unit, as the launchers keep it.")
+    submit: bool | None = option("bool", "With --launcher slurm: submit ROOT/study.sbatch after `sbatch "
+                                 "--test-only` accepts it (default); --no-submit only writes and checks it.")
+    wait: bool | None = option("bool", "With --launcher slurm: wait for the array to end, then write the "
+                               "merged study report (default: return once submitted).")
+    slurm_partition: str | None = option("str", "sbatch --partition (default: the cluster's).", metavar="NAME")
+    slurm_gpus_per_task: int | None = option("int", "sbatch --gpus-per-task (default: none; 1 with --device "
+                                             "cuda).", min=0)
+    slurm_cpus_per_task: int | None = option("int", "sbatch --cpus-per-task (default: --threads, else 1); "
+                                             "every task's --threads.", min=1)
+    slurm_time: str | None = option("str", "sbatch --time per unit, e.g. 2:00:00 (default: the partition's).",
+                                    metavar="TIME")
+    slurm_account: str | None = option("str", "sbatch --account.", metavar="NAME")
+    slurm_qos: str | None = option("str", "sbatch --qos.", metavar="NAME")
+    slurm_array_parallelism: int | None = option("int", "At most K tasks of the array at once (--array=…%K).",
+                                                 min=1, metavar="K")
+    slurm_extra: str | None = option("str", "More sbatch options, each its own #SBATCH line, e.g. "
+                                     "'--constraint=h100 --mail-type=END,FAIL'.", metavar="OPTS")
+
+
 @dataclass(frozen=True)
 class StudySpec:
     """Everything ``routerbench study depth`` needs; :meth:`resolve` checks it and fills in defaults."""
 
     COMMAND: ClassVar[str] = "study depth"
     #: ``--estimate-steps`` changes no result, so a study resumes whatever it is.
-    NOT_IN_FILE: ClassVar[tuple[str, ...]] = NOT_IN_FILE + ("study.estimate_steps",)
+    NOT_IN_FILE: ClassVar[tuple[str, ...]] = NOT_IN_FILE + ("study.estimate_steps",) + tuple(
+        f"launch.{k}" for k in ("unit", "units", "launcher", "workers", "threads", "lock_free", "submit", "wait")) + tuple(
+        f"launch.slurm_{k}" for k in ("partition", "gpus_per_task", "cpus_per_task", "time", "account", "qos",
+                                      "array_parallelism", "extra"))
 
     routers: RouterSet = RouterSet()
     study: Study = Study()
+    launch: Launch = Launch()
     output: Output = Output()
 
     def resolve(self, L: Labels) -> "StudySpec":
@@ -117,13 +168,16 @@ class StudySpec:
                               "`routerbench train --preset char-<L>L` under torchrun")
         st, out = self.study, self.output
         check_output(out, L)
-        dev = resolve_device(out.device, L("output.device"))
+        remote = (self.launch.launcher == "slurm" and (out.device or "").startswith("cuda")
+                  and not torch.cuda.is_available())  # a login node: the GPUs are the nodes'
+        dev = torch.device(out.device) if remote else resolve_device(out.device, L("output.device"))
         scale = st.scale or "char"
         defaults = SCALE_DEFAULTS[scale]
         depths = tuple(st.depths or defaults["depths"])
         if st.blocks is not None and st.block_length is not None:
             raise ConfigError(f"{L('study.blocks')} and {L('study.block_length')} exclude each other: hold "
                               "either the block count or the block length fixed across depths")
+        seed_list = self._seed_list(L)
         routers = self.routers.routers or DEFAULT_ROUTERS
         for name, opts in (self.routers.router_options or {}).items():
             clash = sorted(set(opts) & set(LAYOUT_OPTIONS)) if isinstance(opts, dict) else []
@@ -147,6 +201,8 @@ class StudySpec:
                               "compile; drop it or add --backend compile")
         backend = st.backend or "eager"
         tp = TRAINING_PRESETS[defaults["base"]]
+        seed_list = seed_list or tuple(range(st.seeds or tp.seeds.value))
+        launch = self._launch(L, len(seed_list) * len(depths))
         max_steps = st.max_steps or tp.max_steps.value
         eval_every = st.eval_every or (max(1, max_steps // 4) if scale == "tiny"
                                        else default_eval_every(max_steps))
@@ -157,14 +213,14 @@ class StudySpec:
             self, routers=replace(self.routers, routers=routers,
                                   router_options=self.routers.router_options or None),
             study=replace(st, data=absolute(st.data), scale=scale, depths=depths,
-                          seeds=st.seeds or tp.seeds.value, blocks=blocks, max_steps=max_steps,
+                          seeds=len(seed_list), seed_list=seed_list, blocks=blocks, max_steps=max_steps,
                           eval_every=eval_every, lr=st.lr or tp.lr.value,
                           warmup_steps=tp.warmup_steps.value if st.warmup_steps is None else st.warmup_steps,
                           precision=st.precision or "fp32", schedule=st.schedule or "auto",
                           backend=backend, compile_scope=(st.compile_scope or DEFAULT_COMPILE_SCOPE)
                           if backend == "compile" else None,
                           estimate_steps=st.estimate_steps or 3),
-            output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)))
+            launch=launch, output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)))
         cfg0 = resolved.decoder_config(depths[0])
         check_router_set(self.routers, routers, [], cfg0.d_model, L)
         for d in depths:  # the options each router is built with, at every depth
@@ -177,6 +233,67 @@ class StudySpec:
                 raise ConfigError(f"{L('study.data')} {st.data}: its validation split has only "
                                   f"{len(corpus.val)} tokens, fewer than a sequence of {cfg0.seq_len} + 1")
         return resolved
+
+    def _seed_list(self, L: Labels) -> tuple[int, ...]:
+        """``--seed-list`` checked (each seed once; with ``--seeds`` only when it counts them), or ()."""
+        st = self.study
+        if st.seed_list is None:
+            return ()
+        seen = set()
+        for s in st.seed_list:
+            if s in seen:
+                raise ConfigError(f"{L('study.seed_list')} {','.join(map(str, st.seed_list))}: seed {s} is given "
+                                  "twice; give each seed once")
+            seen.add(s)
+        if st.seeds is not None and st.seeds != len(st.seed_list):
+            raise ConfigError(f"{L('study.seeds')} {st.seeds} and {L('study.seed_list')} "
+                              f"{','.join(map(str, st.seed_list))} disagree; give one of them")
+        return tuple(st.seed_list)
+
+    def _launch(self, L: Labels, n_units: int) -> Launch:
+        """The launch options checked against the study's unit count (before anything is built)."""
+        la = self.launch
+        if la.unit is not None:
+            for i in la.unit:
+                if i >= n_units:
+                    raise ConfigError(f"{L('launch.unit')} {i}: the study has {n_units} unit"
+                                      f"{'s' * (n_units != 1)} (0..{n_units - 1}: seeds outermost, then depths); "
+                                      "see --units commands")
+            if len(set(la.unit)) != len(la.unit):
+                raise ConfigError(f"{L('launch.unit')} {','.join(map(str, la.unit))}: a unit is given twice; "
+                                  "give each once")
+            if not self.output.run_id:
+                raise ConfigError(f"{L('launch.unit')} needs {L('output.run_id')} STUDY: the units of one study "
+                                  "share it (each goes to <out>/<device>/STUDY-L<depth>-s<seed>)")
+        launcher = la.launcher or ("local" if la.workers is not None else None)
+        if la.units is not None and (launcher or la.unit is not None):
+            raise ConfigError(f"{L('launch.units')} prints the units and exits; drop "
+                              f"{L('launch.launcher') if launcher else L('launch.unit')}")
+        slurm = [k for k in ("slurm_partition", "slurm_gpus_per_task", "slurm_cpus_per_task", "slurm_time",
+                             "slurm_account", "slurm_qos", "slurm_array_parallelism", "slurm_extra", "submit", "wait")
+                 if getattr(la, k) is not None]
+        if slurm and launcher != "slurm":
+            raise ConfigError(f"{L('launch.' + slurm[0])} has no effect without {L('launch.launcher')} slurm; "
+                              f"drop it or add {L('launch.launcher')} slurm")
+        if launcher == "slurm":
+            if la.workers is not None:
+                raise ConfigError(f"{L('launch.workers')} is the local launcher's; with {L('launch.launcher')} "
+                                  f"slurm give {L('launch.slurm_array_parallelism')}")
+            if self.output.device is None:
+                raise ConfigError(f"{L('launch.launcher')} slurm needs {L('output.device')} cuda or cpu: the "
+                                  "nodes' devices cannot be seen from here")
+            if la.threads and la.slurm_cpus_per_task and la.threads != la.slurm_cpus_per_task:
+                raise ConfigError(f"{L('launch.threads')} {la.threads} and {L('launch.slurm_cpus_per_task')} "
+                                  f"{la.slurm_cpus_per_task} disagree: each task's threads are its CPUs; give one")
+            if la.wait and la.submit is False:
+                raise ConfigError(f"{L('launch.wait')} with {L('launch.submit')} off waits for nothing; drop one")
+        return replace(la, launcher=launcher, lock_free=bool(la.lock_free))
+
+    def unit_mode(self) -> bool:
+        """Whether the study runs as units (``--unit``, ``--units``, ``--launcher``), each in its own
+        run directory, rather than in one run directory as a whole."""
+        la = self.launch
+        return la.unit is not None or la.units is not None or la.launcher is not None
 
     # --- what a resolved spec builds ------------------------------------------------------------
     def decoder_config(self, depth: int) -> DecoderConfig:
@@ -231,7 +348,7 @@ class StudySpec:
         how = "".join(f", {w}" for w in (f"backend {st.backend}" if st.backend not in (None, "eager") else "",
                                          st.precision if st.precision not in (None, "fp32") else "") if w)
         what = (f"d={cfg.d_model}, T={cfg.seq_len}, B={cfg.batch_size}, {st.max_steps} steps, "
-                f"{st.seeds} seed{'s' * (st.seeds != 1)}, depths {','.join(map(str, st.depths))}{how}")
+                f"{_seed_words(st)}, depths {','.join(map(str, st.depths))}{how}")
         return f"scale tiny: {TINY_LABEL} ({what})" if st.scale == "tiny" else f"scale {st.scale} ({what})"
 
     def full_steps(self) -> int:
@@ -266,3 +383,11 @@ def budget_words(steps: int, full_steps: int, tokens_per_step: int, scale: str =
 
 def _tokens(n: int) -> str:
     return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else str(n)
+
+
+def _seed_words(st: Study) -> str:
+    """``3 seeds`` for seeds 0..2, ``seeds 0,3,7`` otherwise."""
+    seeds = tuple(st.seed_list or range(st.seeds))
+    if seeds == tuple(range(len(seeds))):
+        return f"{len(seeds)} seed{'s' * (len(seeds) != 1)}"
+    return f"seed{'s' * (len(seeds) != 1)} {','.join(map(str, seeds))}"

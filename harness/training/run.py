@@ -293,9 +293,7 @@ class TrainRun(RunRows):
             self.opt.zero_grad(set_to_none=True)
             loss = self._loss_and_backward(x, y)
             self._update()
-        if self.fault and self.fault[0] == "nan_loss" and i >= self.tc.eval_every:
-            loss = loss * float("nan")  # the test hook: a run diverging after its first evaluation
-        return loss
+        return faults.in_training_step(self.fault, i, self.tc.eval_every, loss)  # the test hook, if named
 
     def _capture(self) -> None:
         """Capture forward, backward, clip and AdamW of one step in a CUDA graph (static inputs,

@@ -67,19 +67,22 @@ class StudyRun(TrainRun):
         return f"val loss {last.val_loss:.4f} at step {last.step} (the token budget), {last.elapsed:.1f} s"
 
 
-def groups(spec, corpus, device: torch.device) -> Iterator[tuple[int, int, list[StudyRun]]]:
+def groups(spec, corpus, device: torch.device, unit=None) -> Iterator[tuple[int, int, list[StudyRun]]]:
     """``(seed, depth, runs)`` in training order: seeds outermost (an interrupted study holds whole
-    seeds first), then depths; one run per router, with the study's layout options."""
-    for seed in range(spec.study.seeds):
+    seeds first), then depths; one run per router, with the study's layout options. ``unit`` (a
+    :class:`harness.training.units.Unit`): its seed and depth alone."""
+    for seed in spec.study.seed_list:
         for depth in spec.study.depths:
+            if unit is not None and (seed, depth) != (unit.seed, unit.depth):
+                continue
             tc = spec.train_config(depth)
             yield seed, depth, [StudyRun(r, opts, corpus, tc, seed, device)
                                 for r, opts in spec.options_at(depth).items()]
 
 
-def all_runs(spec, corpus, device: torch.device) -> list[StudyRun]:
-    """Every run of the study (nothing is built)."""
-    return [r for *_, g in groups(spec, corpus, device) for r in g]
+def all_runs(spec, corpus, device: torch.device, unit=None) -> list[StudyRun]:
+    """Every run of the study, or of ``unit`` (nothing is built)."""
+    return [r for *_, g in groups(spec, corpus, device, unit) for r in g]
 
 
 def estimate_cost(spec, corpus, device: torch.device, left: dict[tuple[int, str], float],
@@ -102,6 +105,8 @@ def estimate_cost(spec, corpus, device: torch.device, left: dict[tuple[int, str]
     cases = []
     probe = Probe().__enter__()
     for depth in spec.study.depths:
+        if not any(left.get((depth, r)) for r in spec.routers.routers):
+            continue
         tc = spec.train_config(depth)
         n_evals = len(tc.eval_steps())
         line = []
