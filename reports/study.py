@@ -314,7 +314,7 @@ def clock_sentences(runs: pd.DataFrame, sources: list[dict]) -> list[str]:
             return []
         e, total = est[devices[0]], clocks.get(devices[0], (0, 0.0))[1]
         return [f"Estimated before training: {sum(x['total_s'] for x in e):.0f} s for "
-                f"{sum(x['runs_left'] for x in e)} runs ({method}). Training clocks of the runs sum to "
+                f"{sum(x['runs_left'] for x in e):g} runs ({method}). Training clocks of the runs sum to "
                 f"{total:.0f} s (steps only; evaluation off the clock)."]
     out = []
     for d in devices:

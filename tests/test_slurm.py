@@ -123,7 +123,17 @@ def test_bad_slurm_options_are_one_line_before_anything_is_submitted(tmp_path, c
     empty.mkdir()
     res = _cli(*base, env=_env(PATH=str(empty)))
     assert res.returncode == 2 and "--launcher slurm: no sbatch on PATH" in res.stderr
-    assert _tasks("B") == {} and not (tmp_path / "slurm.json").exists()  # nothing submitted
+    (tmp_path / "no.conf").write_text("ClusterName=none\n")
+    res = _cli(*base, env=_env(SLURM_CONF=str(tmp_path / "no.conf")))
+    assert res.returncode == 2 and "sbatch finds no SLURM controller here" in res.stderr, res.stderr
+    unchecked = _cli(*base, "--no-submit", env=_env(SLURM_CONF=str(tmp_path / "no.conf")))
+    assert unchecked.returncode == 0 and "not checked: sbatch finds no SLURM controller" in unchecked.stdout
+    (tmp_path / "study.sbatch").unlink()
+    for f in ("study.toml", "study.json", "slurm"):
+        (tmp_path / f).unlink() if (tmp_path / f).is_file() else shutil.rmtree(tmp_path / f)
+    res = _cli(*base, "--slurm-partition", "nosuch")
+    assert res.returncode == 2
+    assert _tasks("B") == {} and sorted(p.name for p in tmp_path.iterdir()) == ["bin", "no.conf"]  # nothing
 
 
 def test_no_submit_writes_an_array_a_researcher_can_read_and_resubmit(tmp_path, corpus):
@@ -134,7 +144,7 @@ def test_no_submit_writes_an_array_a_researcher_can_read_and_resubmit(tmp_path, 
     text = (tmp_path / "study.sbatch").read_text()
     for line in ("#SBATCH --array=0-3%2", "#SBATCH --cpus-per-task=1", "#SBATCH --time=0:30:00",
                  "#SBATCH --requeue", "#SBATCH --comment=routerbench-test", "#SBATCH --nice=10",
-                 "#SBATCH --job-name=rb-W", f"--unit \"$SLURM_ARRAY_TASK_ID\" --threads 1"):
+                 "#SBATCH --job-name=rb-W", '--unit "$SLURM_ARRAY_TASK_ID" --threads 1 --estimate-steps 1'):
         assert line in text, line
     assert "sbatch --test-only accepted it" in res.stdout and "not submitted (--no-submit)" in res.stdout
     assert _tasks("W") == {} and not (tmp_path / "slurm.json").exists()

@@ -233,3 +233,26 @@ def test_an_old_spec_with_seeds_only_still_resumes(tmp_path, no_models):
     other, labels = load(StudySpec, {"scale": "tiny", "seed_list": "0,1,5", "routers": "prenorm", "device": "cpu"})
     diff = spec_difference(other.resolve(labels), tmp_path / "spec.toml")
     assert diff == ("study.seed_list", [0, 1, 2], [0, 1, 5])
+
+
+def test_options_no_file_holds_travel_in_every_units_command(tmp_path, no_models):
+    """--lock-free and --estimate-steps are in no spec file, so each unit's command carries them: the
+    printed commands, the local launcher's and the one `status` prints."""
+    res = CliRunner().invoke(main, [*ARGS, "--out", str(tmp_path), "--run-id", "E", "--units", "json",
+                                    "--lock-free"])
+    assert res.exit_code == 0, res.output
+    for u in json.loads(res.output)["units"]:
+        assert u["command"].endswith(f"--unit {u['index']} --threads 1 --estimate-steps 1 --lock-free")
+    assert read_index(tmp_path)["unit_flags"] == ["--estimate-steps", "1", "--lock-free"]
+    run = next(ln for ln in CliRunner().invoke(main, ["status", str(tmp_path)]).output.splitlines()
+               if ln.startswith("run:"))
+    assert "--unit 0,1,2,3 --estimate-steps 1 --lock-free --launcher local" in run
+
+
+def test_each_local_worker_sees_its_own_gpu_and_threads(monkeypatch):
+    from harness.cli.study_units import worker_env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    envs = [worker_env(w, ["2", "5"], 3) for w in (0, 1)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "5"]
+    assert all(e["OMP_NUM_THREADS"] == e["MKL_NUM_THREADS"] == "3" for e in envs)
+    assert worker_env(0, [], 1)["CUDA_VISIBLE_DEVICES"] == "2,5"  # a CPU worker: left as it was

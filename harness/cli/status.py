@@ -57,8 +57,8 @@ def status_cmd(run_dir, retry_failed) -> None:
         study_status(d, index, retry_failed)
         return
     if not d.is_dir() or not (spec_path.exists() or (d / RECORDS_FILE).exists()):
-        raise ConfigError(f"RUN_DIR: {d} is not a run directory (no {SPEC_FILE} or {RECORDS_FILE}); "
-                          "give results/<device>/<run-id>")
+        raise ConfigError(f"RUN_DIR: {d} is not a run directory (no {SPEC_FILE} or {RECORDS_FILE}) nor a study "
+                          "root (no study.json); give results/<device>/<run-id>, or a study's --out")
     command = None
     if spec_path.exists():
         try:
@@ -150,8 +150,8 @@ def study_status(root: Path, index: dict, retry_failed: bool) -> None:
     from harness.training.units import MAX_ATTEMPTS, UNIT_LOG, unit_dirs, unit_state
     from .study_units import unit_command
     try:
-        spec, labels = load(StudySpec, {}, str(root / index["spec"]))
-        n_routers = len(spec.resolve(labels).routers.routers)
+        spec, labels = load(StudySpec, {}, str(root / index["spec"]))  # written resolved: its routers
+        n_routers = len(spec.routers.routers or spec.resolve(labels).routers.routers)  # are all there
     except (ConfigError, OSError) as exc:
         raise ConfigError(f"RUN_DIR: {root / index['spec']} does not load ({exc}); it is the spec of every "
                           "unit of this study") from None
@@ -196,7 +196,9 @@ def study_status(root: Path, index: dict, retry_failed: bool) -> None:
     click.echo("units:      " + ", ".join(f"{k} {counts[k]}" for k in ("done", "running", "queued", "failed",
                                                                         "not started") if counts[k]))
     if jobs:
-        click.echo(f"slurm:      job{'s' * (len(jobs) != 1)} {', '.join(j['job_id'] for j in jobs)}"
+        now = sorted({v.split()[1] for v in (queue or {}).values()})
+        click.echo(f"slurm:      submitted by routerbench: job{'s' * (len(jobs) != 1)} "
+                   f"{', '.join(j['job_id'] for j in jobs)}; in the queue now: {', '.join(now) or 'none'}"
                    + ("; squeue could not be asked: queued tasks show as not started" if queue is None else ""))
     if held_back:
         click.echo(f"held back:  unit{'s' * (len(held_back) != 1)} {','.join(map(str, held_back))} failed "
@@ -205,7 +207,8 @@ def study_status(root: Path, index: dict, retry_failed: bool) -> None:
     if missing and jobs:
         click.echo(f"run:        sbatch --array={','.join(map(str, missing))} {root / SBATCH_FILE}")
     elif missing:
-        click.echo(f"run:        {unit_command(root, index['study_id'], missing, None)} --launcher local")
+        click.echo(f"run:        {unit_command(root, index['study_id'], missing, None, index.get('unit_flags', []))} "
+                   "--launcher local")
     elif counts["running"] or counts["queued"]:
         click.echo("run:        nothing to start: the units left are running; look again when they end")
     elif not held_back:

@@ -68,16 +68,17 @@ def depth_cmd(config, dry_run, **cli) -> None:
                           "compile here, or run the study on a CUDA device")
     if spec.unit_mode():  # one seed at one depth per run directory (harness/training/units.py)
         from . import study_units
-        root, study_id, units = study_units.study_root(spec, labels)
         la = spec.launch
+        if la.launcher == "slurm":  # sbatch --test-only first: a refused array writes nothing
+            from .study_slurm import launch_slurm
+            launch_slurm(spec, labels, *study_units.plan_root(spec), la.unit)
+            return
+        root, study_id, units = study_units.study_root(spec, labels)
         chosen = [units[i] for i in la.unit] if la.unit is not None else units
         if la.units is not None:
             study_units.print_units(spec, labels, root, study_id, units, device, la.units)
         elif la.launcher == "local":
             study_units.launch_local(spec, labels, root, study_id, chosen, device)
-        elif la.launcher == "slurm":
-            from .study_slurm import launch_slurm
-            launch_slurm(spec, labels, root, study_id, len(units), la.unit)
         else:
             study_units.run_here(spec, labels, root, chosen, device)
         return

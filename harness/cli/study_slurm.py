@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +39,10 @@ JOBS_FILE = "slurm.json"
 LOG_DIR = "slurm"
 #: How often ``--wait`` asks squeue (seconds).
 WAIT_POLL_S = 2.0
+#: What sbatch says when no controller answers it (no cluster configured or reachable here).
+NO_CONTROLLER = ("Unable to contact slurm controller", "Could not establish a configuration source",
+                 "fetch_config", "resolve_ctls_from_dns_srv", "Zero Bytes were transmitted or received",
+                 "Unable to process configuration file", "No SlurmctldHost")
 #: Which option a line of ``sbatch --test-only``'s refusal points at (first match wins).
 REFUSALS = (("partition", "slurm_partition"), ("time limit", "slurm_time"), ("account", "slurm_account"),
             ("qos", "slurm_qos"), ("gres", "slurm_gpus_per_task"), ("gpu", "slurm_gpus_per_task"),
@@ -60,7 +65,8 @@ def sbatch_text(spec, root: Path, study_id: str, n_units: int, threads: int) -> 
     lines += [f"--account={la.slurm_account}"] if la.slurm_account else []
     lines += [f"--qos={la.slurm_qos}"] if la.slurm_qos else []
     lines += shlex.split(la.slurm_extra or "")
-    argv = unit_argv(root, study_id, [0], threads)
+    from .study_units import unit_flags
+    argv = unit_argv(root, study_id, [0], threads, unit_flags(spec))
     if argv[0] == "routerbench":  # the nodes run this very installation, by its absolute path
         argv[0] = shutil.which("routerbench") or argv[0]
     i = argv.index("--unit")
@@ -87,51 +93,64 @@ def _sbatch() -> str:
 
 def _refusal(spec, labels, text: str) -> ConfigError:
     """One line naming the option that ``sbatch --test-only``'s refusal ``text`` points at."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    line = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no reason given")
+    line = _first_error(text)
     low = line.lower()
     opt = next((o for word, o in REFUSALS if word in low), None)
     given = getattr(spec.launch, opt) if opt else None
     what = f"{labels('launch.' + opt)} {given}" if opt and given is not None else \
         (labels("launch." + opt) if opt else "the --slurm-* options or --slurm-extra")
     return ConfigError(f"{what}: sbatch --test-only refused the study's array ({line}); change it "
-                       f"(sinfo lists partitions and their limits)")
+                       f"(sinfo lists partitions and their limits; sbatch names the first thing it refuses)")
 
 
-def launch_slurm(spec, labels, root: Path, study_id: str, n_units: int, indices: list[int] | None) -> None:
-    """Write ``ROOT/study.sbatch``, check it with ``sbatch --test-only``, submit it (all units, or
-    ``indices``), record the job in ``ROOT/slurm.json``; with ``--wait``, wait for it and write the
-    merged report.
+def launch_slurm(spec, labels, root: Path, study_id: str, units: list, indices: list[int] | None) -> None:
+    """Check the study's array with ``sbatch --test-only``, then write the study root
+    (:func:`harness.cli.study_units.prepare_root`) and ``ROOT/study.sbatch``, submit it (all units, or
+    ``indices``) and record the job in ``ROOT/slurm.json``; with ``--wait``, wait for it and write
+    the merged report.
 
     Raises:
-        ConfigError: no ``sbatch`` on PATH (``--no-submit`` writes the script unchecked instead);
-            ``sbatch --test-only`` refuses the script (naming the ``--slurm-*`` option), before
-            anything is submitted.
+        ConfigError: no ``sbatch`` on PATH, or no controller answering it (``--no-submit`` writes the
+            script unchecked instead); ``sbatch --test-only`` refuses the script (naming the
+            ``--slurm-*`` option it complained of first). Nothing is written or submitted then.
         SystemExit: 1 when ``--wait`` saw units left undone (``routerbench status ROOT`` names them).
     """
+    from .study_units import prepare_root
     la = spec.launch
     exe = _sbatch() if la.submit is not False else shutil.which("sbatch")
     threads = la.threads or la.slurm_cpus_per_task or 1
+    text = sbatch_text(spec, root, study_id, len(units), threads)
+    array = _array_arg(indices, la.slurm_array_parallelism)
+    checked = "not checked: no sbatch on PATH here (a login node's `sbatch --test-only` checks it)"
+    if exe is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / SBATCH_FILE).write_text(text)
+            test = subprocess.run([exe, "--test-only", *array, str(Path(tmp) / SBATCH_FILE)], capture_output=True,
+                                  text=True, timeout=60)
+        said = test.stderr + test.stdout
+        if test.returncode != 0 and any(w in said for w in NO_CONTROLLER):
+            if la.submit is not False:
+                raise ConfigError(f"{labels('launch.launcher')} slurm: sbatch finds no SLURM controller here "
+                                  f"({_first_error(said)}); run this on a login node, or give --no-submit to "
+                                  "write the array unchecked")
+            checked = f"not checked: sbatch finds no SLURM controller here ({_first_error(said)})"
+        elif test.returncode != 0:
+            raise _refusal(spec, labels, said)
+        else:
+            checked = f"sbatch --test-only accepted it: {(test.stderr.strip().splitlines() or [''])[-1]}"
+    prepare_root(spec, labels, root, study_id, units)
     (root / LOG_DIR).mkdir(parents=True, exist_ok=True)
     path = root / SBATCH_FILE
-    tmp = path.with_suffix(f".sbatch.{os.getpid()}.tmp")
-    tmp.write_text(sbatch_text(spec, root, study_id, n_units, threads))
-    tmp.replace(path)
-    array = _array_arg(indices, la.slurm_array_parallelism)
-    if exe is None:  # --no-submit on a machine without SLURM: written, not checked
-        click.echo(f"wrote {path} ({n_units} units, {threads} CPU{'s' * (threads != 1)} each); not checked: no "
-                   "sbatch on PATH here (a login node's `sbatch --test-only` checks it)")
-    else:
-        test = subprocess.run([exe, "--test-only", *array, str(path)], capture_output=True, text=True, timeout=60)
-        if test.returncode != 0:
-            raise _refusal(spec, labels, test.stderr + test.stdout)
-        click.echo(f"wrote {path} ({n_units} units, {threads} CPU{'s' * (threads != 1)} each); sbatch "
-                   f"--test-only accepted it: {(test.stderr.strip().splitlines() or [''])[-1]}")
+    tmp_path = path.with_suffix(f".sbatch.{os.getpid()}.tmp")
+    tmp_path.write_text(text)
+    tmp_path.replace(path)
+    click.echo(f"wrote {path} ({len(units)} unit{'s' * (len(units) != 1)}, {threads} CPU{'s' * (threads != 1)} "
+               f"each); {checked}")
     if la.submit is False:
-        click.echo(f"not submitted (--no-submit); submit with: sbatch {' '.join(array)} {path}".replace("  ", " "))
+        click.echo(f"not submitted (--no-submit); submit with: {shlex.join(['sbatch', *array, str(path)])}")
         return
     job = submit(root, array, indices)
-    click.echo(f"submitted job array {job} ({len(indices) if indices is not None else n_units} tasks); "
+    click.echo(f"submitted job array {job} ({len(indices) if indices is not None else len(units)} tasks); "
                f"`{program()} status {root}` shows each unit with its SLURM state")
     if la.wait:
         click.echo(f"waiting for job {job} to end (squeue --name={job_name(study_id)}) ...")
@@ -139,6 +158,11 @@ def launch_slurm(spec, labels, root: Path, study_id: str, n_units: int, indices:
         from .study_units import finish_report
         if not finish_report(spec, root, study_id):
             raise SystemExit(1)
+
+
+def _first_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no reason given")
 
 
 def _array_arg(indices: list[int] | None, parallelism: int | None) -> list[str]:
@@ -186,15 +210,16 @@ def queued(study_id: str) -> dict[int, str] | None:
     running, requeued); None when squeue cannot be asked (not on PATH, no controller)."""
     if shutil.which("squeue") is None:
         return None
-    res = subprocess.run(["squeue", "-h", "-r", f"--name={job_name(study_id)}", "-o", "%A %K %T"],
+    # %i: an array task's own name, ARRAY_INDEX (%A would be the task's job id, not the array's)
+    res = subprocess.run(["squeue", "-h", "-r", f"--name={job_name(study_id)}", "-o", "%i %T"],
                          capture_output=True, text=True, timeout=60)
     if res.returncode != 0:
         return None
     out = {}
     for line in res.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 3 and re.fullmatch(r"\d+", parts[1]):
-            out[int(parts[1])] = f"job {parts[0]}_{parts[1]} {parts[2]}"
+        if len(parts) == 2 and (m := re.fullmatch(r"(\d+)_(\d+)", parts[0])):
+            out[int(m.group(2))] = f"job {parts[0]} {parts[1]}"
     return out
 
 

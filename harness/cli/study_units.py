@@ -36,11 +36,17 @@ POLL_S = 0.2
 def study_root(spec, labels) -> tuple[Path, str, list[Unit]]:
     """The study root (``--out``), the study id (``--run-id``, else a new one) and every unit, after
     :func:`prepare_root` wrote or checked ``study.toml`` and ``study.json``."""
-    root = Path(spec.output.out or DEFAULT_OUT)
-    study_id = spec.output.run_id or new_run_id()
-    units = study_units(spec.study.seed_list, spec.study.depths, study_id)
+    root, study_id, units = plan_root(spec)
     prepare_root(spec, labels, root, study_id, units)
     return root, study_id, units
+
+
+def plan_root(spec) -> tuple[Path, str, list[Unit]]:
+    """The study root (``--out``, made absolute: the units' commands run from anywhere), the study
+    id (``--run-id``, else a new one) and every unit; nothing is written."""
+    root = Path(spec.output.out or DEFAULT_OUT).absolute()
+    study_id = spec.output.run_id or new_run_id()
+    return root, study_id, study_units(spec.study.seed_list, spec.study.depths, study_id)
 
 
 def run_here(spec, labels, root: Path, units: list[Unit], device) -> None:
@@ -80,28 +86,37 @@ def prepare_root(spec, labels, root: Path, study_id: str, units: list[Unit]) -> 
         if not path.exists():
             from routers import plugins
             text = (f"# routerbench study depth, study {study_id}: the spec of every unit\n"
-                    f"# {unit_command(root, study_id, [0], 1)}\n"
+                    f"# each unit I runs: {unit_command(root, study_id, [0], None).replace('--unit 0', '--unit I')}\n"
                     + to_toml(spec, spec.NOT_IN_FILE, plugins.records()))
             tmp = path.with_suffix(f".toml.{os.getpid()}.tmp")
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(path)
         if index is None:
-            write_index(root, study_id, units)
+            write_index(root, study_id, units, unit_flags(spec))
     except OSError as exc:
         raise ConfigError(f"{labels('output.out')}: cannot write {root} ({exc.strerror or exc}); give a "
                           "writable directory") from None
 
 
-def unit_argv(root: Path, study_id: str, indices: list[int], threads: int | None) -> list[str]:
-    """The command that runs ``indices`` of the study at ``root``, as an argument list."""
+def unit_flags(spec) -> list[str]:
+    """The options of this command that every unit's command must carry though no file holds
+    them: ``--estimate-steps`` and ``--lock-free``."""
+    return ["--estimate-steps", str(spec.study.estimate_steps)] + (["--lock-free"] if spec.launch.lock_free else [])
+
+
+def unit_argv(root: Path, study_id: str, indices: list[int], threads: int | None,
+              flags: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The command that runs ``indices`` of the study at ``root``, as an argument list; ``flags``:
+    :func:`unit_flags` of the command that made the study."""
     argv = [*shlex.split(program()), "study", "depth", "--config", str(root / STUDY_SPEC), "--out", str(root),
             "--run-id", study_id, "--unit", ",".join(map(str, indices))]
-    return argv + (["--threads", str(threads)] if threads else [])
+    return argv + (["--threads", str(threads)] if threads else []) + list(flags)
 
 
-def unit_command(root: Path, study_id: str, indices: list[int], threads: int | None) -> str:
+def unit_command(root: Path, study_id: str, indices: list[int], threads: int | None,
+                 flags: list[str] | tuple[str, ...] = ()) -> str:
     """:func:`unit_argv` as one shell line."""
-    return shlex.join(unit_argv(root, study_id, indices, threads))
+    return shlex.join(unit_argv(root, study_id, indices, threads, flags))
 
 
 def unit_estimates(spec, vocab: int, device) -> dict[tuple[int, int], tuple[float, float]]:
@@ -131,14 +146,14 @@ def print_units(spec, labels, root: Path, study_id: str, units: list[Unit], devi
     est = unit_estimates(spec, corpus_vocab(spec.study.data, labels("study.data")), device)
     slug = device_slug(device)
     rows = [{"index": u.index, "depth": u.depth, "seed": u.seed, "run_id": u.run_id,
-             "dir": str(root / slug / u.run_id), "command": unit_command(root, study_id, [u.index], threads),
+             "dir": str(root / slug / u.run_id), "command": unit_command(root, study_id, [u.index], threads, unit_flags(spec)),
              "estimate_s": list(est[(u.depth, u.seed)])} for u in units]
     if fmt == "json":
         click.echo(json.dumps({"study_id": study_id, "root": str(root), "spec": str(root / STUDY_SPEC),
                                "threads": threads, "units": rows}, indent=2))
         return
     total = (sum(r["estimate_s"][0] for r in rows), sum(r["estimate_s"][1] for r in rows))
-    click.echo(f"# study {study_id}: {len(rows)} units (seeds outermost, then depths), {threads} thread"
+    click.echo(f"# study {study_id}: {len(rows)} unit{'s' * (len(rows) != 1)} (seeds outermost, then depths), {threads} thread"
                f"{'s' * (threads != 1)} each; estimate {fmt_span(total)} in all on {slug} (the plan's "
                "assumed step times, uncalibrated)")
     for r in rows:
@@ -153,6 +168,15 @@ def _gpus() -> list[str]:
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     return visible[:n] if visible else [str(i) for i in range(n)]
+
+
+def worker_env(worker: int, gpus: list[str], threads: int) -> dict[str, str]:
+    """The environment of local worker ``worker``: this one with its threads and, given ``gpus``
+    (``CUDA_VISIBLE_DEVICES`` entries), that worker's GPU alone, which it sees as ``cuda:0``."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[worker]
+    return env
 
 
 def launch_local(spec, labels, root: Path, study_id: str, units: list[Unit], device) -> None:
@@ -198,13 +222,11 @@ def launch_local(spec, labels, root: Path, study_id: str, units: list[Unit], dev
                 for w in range(workers):
                     if w not in running and queue:
                         u = queue.pop(0)
-                        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-                        if gpus:
-                            env["CUDA_VISIBLE_DEVICES"] = gpus[w]
+                        env = worker_env(w, gpus, threads)
                         err = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
                         # its own session: a terminal's ^C reaches the launcher alone, which stops
                         # each worker with one SIGTERM (an interrupt it commits through)
-                        p = subprocess.Popen(unit_argv(root, study_id, [u.index], threads), env=env,
+                        p = subprocess.Popen(unit_argv(root, study_id, [u.index], threads, unit_flags(spec)), env=env,
                                              stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
                         running[w] = (p, u, time.perf_counter(), err)
                 for w, (p, u, t0, err) in list(running.items()):

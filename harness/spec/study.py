@@ -108,7 +108,8 @@ class Launch:
                                           "<out>/<device>/<run-id>-L<depth>-s<seed>; needs --run-id.",
                                           min=0, metavar="INDEX")
     units: str | None = option("str", "Print every unit (json or commands: its exact command, its directory, "
-                               "its share of the estimate) and exit.", choices=UNITS_FORMATS)
+                               "its share of the estimate) and exit, after writing <out>/study.toml and "
+                               "study.json, which those commands read.", choices=UNITS_FORMATS)
     launcher: str | None = option("str", "local: run the units in parallel worker processes on this machine "
                                   "(one per visible GPU, or --workers CPU workers).", choices=LAUNCHERS)
     workers: int | None = option("int", "Worker processes of --launcher local (default: the visible GPUs, else "

@@ -135,7 +135,8 @@ def estimate_cost(spec, corpus, device: torch.device, left: dict[tuple[int, str]
         if line:
             total = sum(c["run_s"] * c["runs_left"] for c in line)
             fast, slow = min(line, key=lambda c: c["step_s"]), max(line, key=lambda c: c["step_s"])
-            echo(f"  depth {depth:3d}: {sum(c['runs_left'] for c in line):g} runs, {fmt_duration(total)} "
+            n = sum(c['runs_left'] for c in line)
+            echo(f"  depth {depth:3d}: {n:g} run{'s' * (n != 1)}, {fmt_duration(total)} "
                  f"(step {fast['step_s'] * 1e3:.1f} ms {fast['router']} .. {slow['step_s'] * 1e3:.1f} ms "
                  f"{slow['router']})")
     probe.__exit__(None, None, None)

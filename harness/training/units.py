@@ -132,8 +132,9 @@ def unit_log(run_dir: Path, unit: Unit, threads: int) -> Iterator[Path]:
     begun by an :data:`ATTEMPT_MARK` line naming the pid, host, time and thread count."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / UNIT_LOG
+    n = attempts(run_dir)[0] + 1
     with open(path, "a", encoding="utf-8") as log:
-        log.write(f"{ATTEMPT_MARK} {unit.index} (L{unit.depth}, seed {unit.seed}): pid {os.getpid()} on "
+        log.write(f"{ATTEMPT_MARK} {n} of unit {unit.index} (L{unit.depth}, seed {unit.seed}): pid {os.getpid()} on "
                   f"{socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, "
                   f"{threads} thread{'s' * (threads != 1)}\n")
         log.flush()
@@ -186,12 +187,13 @@ def unit_state(run_dir: Path | None, n_routers: int) -> dict[str, Any]:
     return {"state": state, "attempts": n, "last_line": last, "holder": holder, "done_runs": done}
 
 
-def write_index(root: Path, study_id: str, units: list[Unit]) -> Path:
-    """Write ``ROOT/study.json`` (the study id and its units) atomically."""
+def write_index(root: Path, study_id: str, units: list[Unit], flags: list[str] | None = None) -> Path:
+    """Write ``ROOT/study.json`` atomically: the study id, its units and ``unit_flags`` (options
+    every unit's command carries that no file holds, e.g. ``--lock-free``)."""
     path = Path(root) / STUDY_INDEX
     tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"study_id": study_id, "command": "study depth", "spec": STUDY_SPEC,
-                               "units": [u.__dict__ for u in units]}, indent=2))
+                               "unit_flags": list(flags or []), "units": [u.__dict__ for u in units]}, indent=2))
     tmp.replace(path)
     return path
 
