@@ -36,8 +36,8 @@ DAEMONS=(munged slurmctld slurmd)
 
 alive() {  # alive NAME: the pid this script recorded for NAME runs NAME
   local f="$DIR/$1.pid" pid
-  [ -s "$f" ] || return 1
-  pid="$(cat "$f")"
+  pid="$(cat "$f" 2>/dev/null)" || return 1  # a daemon removes its pid file as it ends
+  [ -n "$pid" ] || return 1
   [ -d "/proc/$pid" ] && grep -q "$1" "/proc/$pid/comm" 2>/dev/null
 }
 
