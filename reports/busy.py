@@ -25,6 +25,8 @@ import math
 
 import pandas as pd
 
+from harness.step.backends import plain
+
 from . import frame
 
 #: A busy share below this flags an eager ratio as host-bound.
@@ -79,7 +81,7 @@ def recorded_busy(df: pd.DataFrame) -> pd.DataFrame:
     cols = [*KEYS, "router", "impl", "busy_share"]
     if df.empty or "metric" not in df:
         return pd.DataFrame(columns=cols)
-    t = df[(df["metric"] == "device_busy") & (df["status"] == "ok") & (df["backend"] == "eager")
+    t = df[(df["metric"] == "device_busy") & (df["status"] == "ok") & df["backend"].map(plain).astype(bool)
            & df["value"].notna()]
     if t.empty:
         return pd.DataFrame(columns=cols)
