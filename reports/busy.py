@@ -25,7 +25,7 @@ import math
 
 import pandas as pd
 
-from harness.step.backends import plain
+from harness.step.backends import CUDAGRAPH, EAGER, captures, plain
 
 from . import frame
 
@@ -62,14 +62,14 @@ def busy_shares(paired: pd.DataFrame) -> pd.DataFrame:
     if paired.empty or not {"backend", "prenorm_ms", "device"} <= set(paired.columns):
         return pd.DataFrame(columns=cols)
     t = paired[paired["device"].astype(str).str.startswith("cuda")
-               & paired["backend"].isin(["eager", "cudagraph"])]
+               & paired["backend"].map(lambda b: plain(b) or captures(b)).astype(bool)]
     if t.empty:
         return pd.DataFrame(columns=cols)
     med = (t.assign(prenorm_ms=t["prenorm_ms"].astype(float))
            .groupby([*KEYS, "backend"], dropna=False)["prenorm_ms"].median().unstack("backend"))
-    if not {"eager", "cudagraph"} <= set(med.columns):
+    if not {EAGER.name, CUDAGRAPH.name} <= set(med.columns):
         return pd.DataFrame(columns=cols)
-    med["busy_share"] = [busy_share(e, g) for e, g in zip(med["eager"], med["cudagraph"])]
+    med["busy_share"] = [busy_share(e, g) for e, g in zip(med[EAGER.name], med[CUDAGRAPH.name])]
     med = med.dropna(subset=["busy_share"]).reset_index()
     return med[cols].reset_index(drop=True)
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from harness.step.backends import of
+from harness.step.backends import compiles, of
 from harness.timing import noise
 from routers import BASELINE, paper_baseline
 
@@ -79,6 +79,7 @@ class RetimePolicy:
         ratios: :func:`ratio_pairs` of the group, as keys.
         bases: case key -> the key of its prenorm partner, where it has one.
         partners: case key -> its :func:`partners`' keys.
+        compiled: the keys of compiled cases (a timing holding one runs under the recompile guard).
     """
 
     cases: list[Case]
@@ -89,6 +90,7 @@ class RetimePolicy:
     ratios: list[tuple[str, str]] = field(init=False)
     bases: dict[str, str] = field(init=False)
     partners: dict[str, list[str]] = field(init=False)
+    compiled: set[str] = field(init=False)
     _pending: list[str] = field(init=False, default_factory=list)
     _attempts: dict[str, int] = field(init=False, default_factory=dict)
     _last: dict[str, int] = field(init=False, default_factory=dict)
@@ -105,6 +107,7 @@ class RetimePolicy:
         self.partners = {c.key: [p.key for p in partners(c, ordered)] for c in ordered}
         self.bases = {c.key: p[0].key for c in ordered if (p := partners(c, ordered)) and p[0].router == BASELINE}
         self._baseline = {c.key for c in ordered if c.router == BASELINE}
+        self.compiled = {c.key for c in ordered if compiles(c.backend)}
 
     def first(self) -> Job:
         """The first timing: the whole group within ``opts.group_budget_s``."""

@@ -35,7 +35,6 @@ from harness.rundir.writer import StagingWriter
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI
 from harness.stats.sequential import LookSchedule, half_width_rel, median_interval, ratio_interval
 from harness.step import backends
-from harness.step.backends import compiles
 from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.timing import noise, paired
 from harness.timing.gpu import GpuProbe
@@ -62,11 +61,12 @@ def _fail(case: Case, w: StagingWriter, exc: BaseException) -> str:
     return status
 
 
-def device_lost(exc: BaseException, keys: list[str]) -> DeviceContextLost:
+def device_lost(exc: BaseException, keys: list[str], alone: bool = False) -> DeviceContextLost:
     """The :class:`DeviceContextLost` of a sticky device error raised while ``keys`` were timed
-    (together, or one alone): on the case whose call raised it, or, raised by a synchronisation
-    after a round, on the last case called before it (the error text says so)."""
-    who = paired.failed_step(exc) or (keys[0] if len(keys) == 1 else None)
+    together: on the case whose call raised it, or, raised by a synchronisation after a round, on
+    the last case called before it (the error text says so); ``alone``: while the one case of
+    ``keys`` was timed by itself, on that case, as it is."""
+    who = paired.failed_step(exc) or (keys[0] if alone else None)
     text = _error_text(exc)
     if who is None:
         who = keys[-1]
@@ -257,7 +257,7 @@ def _attempt(job: Job, policy: RetimePolicy, steps, device, w, opts: SweepOption
     its rounds stopped (``precise``, ``budget``, ``max_rounds`` or ``fixed``)."""
     keys, by_key = job.keys, policy.by_key
     clocks = [noise.sm_clock_mhz(device)]
-    backend = next((by_key[k].backend for k in keys if compiles(by_key[k].backend)), by_key[keys[0]].backend)
+    backend = next((by_key[k].backend for k in keys if k in policy.compiled), by_key[keys[0]].backend)
     try:
         with noise.Probe() as probe, GpuProbe(device) as gpu, backends.recompile_guard(backend):
             ratios = [(a, b) for a, b in policy.ratios if a in keys and b in keys]
@@ -277,7 +277,7 @@ def _attempt(job: Job, policy: RetimePolicy, steps, device, w, opts: SweepOption
                     got.times[k] = time_steps(steps[k], device, opts.timing.repeats)
             except Exception as exc:  # noqa: BLE001 - recorded as the case's error row
                 if poisons_context(exc):
-                    raise device_lost(exc, [k]) from exc
+                    raise device_lost(exc, [k], alone=True) from exc
                 status[k] = _fail(by_key[k], w, exc)
     timed = {k: got.times[k] for k in keys if k in got.times}
     readings = record_attempt(by_key, timed, w, attempt=job.attempt, base=keys[0] if together else None,
@@ -306,6 +306,8 @@ def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device
     """
     policy = RetimePolicy([c for c in cases if c.key in steps], opts, busy=lambda k: still_busy(k, opts))
     result = GroupTiming()
+    if not policy.keys:  # no case set up: nothing to time
+        return result
     job: Job | None = policy.first()
     while job is not None:
         if job.left_noisy is not None:
