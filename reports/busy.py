@@ -25,6 +25,8 @@ import math
 
 import pandas as pd
 
+from harness.step.backends import CUDAGRAPH, EAGER, captures, plain
+
 from . import frame
 
 #: A busy share below this flags an eager ratio as host-bound.
@@ -60,14 +62,14 @@ def busy_shares(paired: pd.DataFrame) -> pd.DataFrame:
     if paired.empty or not {"backend", "prenorm_ms", "device"} <= set(paired.columns):
         return pd.DataFrame(columns=cols)
     t = paired[paired["device"].astype(str).str.startswith("cuda")
-               & paired["backend"].isin(["eager", "cudagraph"])]
+               & paired["backend"].map(lambda b: plain(b) or captures(b)).astype(bool)]
     if t.empty:
         return pd.DataFrame(columns=cols)
     med = (t.assign(prenorm_ms=t["prenorm_ms"].astype(float))
            .groupby([*KEYS, "backend"], dropna=False)["prenorm_ms"].median().unstack("backend"))
-    if not {"eager", "cudagraph"} <= set(med.columns):
+    if not {EAGER.name, CUDAGRAPH.name} <= set(med.columns):
         return pd.DataFrame(columns=cols)
-    med["busy_share"] = [busy_share(e, g) for e, g in zip(med["eager"], med["cudagraph"])]
+    med["busy_share"] = [busy_share(e, g) for e, g in zip(med[EAGER.name], med[CUDAGRAPH.name])]
     med = med.dropna(subset=["busy_share"]).reset_index()
     return med[cols].reset_index(drop=True)
 
@@ -79,7 +81,7 @@ def recorded_busy(df: pd.DataFrame) -> pd.DataFrame:
     cols = [*KEYS, "router", "impl", "busy_share"]
     if df.empty or "metric" not in df:
         return pd.DataFrame(columns=cols)
-    t = df[(df["metric"] == "device_busy") & (df["status"] == "ok") & (df["backend"] == "eager")
+    t = df[(df["metric"] == "device_busy") & (df["status"] == "ok") & df["backend"].map(plain).astype(bool)
            & df["value"].notna()]
     if t.empty:
         return pd.DataFrame(columns=cols)

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from harness.step.backends import plain  # noqa: E402
 from routers import BASELINE  # noqa: E402
 from routers.api import NOT_DECLARED  # noqa: E402
 from routers.impls import REFERENCE  # noqa: E402
@@ -161,7 +162,7 @@ def memory_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         ``None`` without either quantity of prenorm and another router at two or more depths.
     """
     ov = tables.overhead_table(df)
-    ov = ov[ov["backend"] == "eager"]
+    ov = ov[ov["backend"].map(plain).astype(bool)]
     static = list(frame.STATIC_KEYS)
     shape = ["workload", *frame.SHAPE_COLS]
     parts = []

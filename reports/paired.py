@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from harness.stats.sequential import ratio_interval  # noqa: E402
+from harness.step.backends import compiles, plain  # noqa: E402
 from harness.timing import noise  # noqa: E402
 from harness.timing.timer import median_iqr  # noqa: E402
 from routers import BASELINE  # noqa: E402
@@ -196,11 +197,11 @@ def paired_vs_eager_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CO
     why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
     for gk, g in rows.groupby([*EAGER_KEYS, "attempt"], dropna=False, sort=False):
-        eager_rows = g[g["backend"] == "eager"]
+        eager_rows = g[g["backend"].map(plain).astype(bool)]
         eager = eager_rows.groupby("pair")["value"].median()
         if eager.empty:
             continue
-        for (backend, cm, sc), o in _own(g[g["backend"] != "eager"]).groupby(
+        for (backend, cm, sc), o in _own(g[~g["backend"].map(plain).astype(bool)]).groupby(
                 ["backend", "compile_mode", "compile_scope"], sort=False):
             other = o.groupby("pair")["value"].median()
             common = other.index.intersection(eager.index).sort_values()
@@ -236,7 +237,7 @@ def paired_scope_table(df: pd.DataFrame, n_boot: int = 2000, conf: float = CONF,
         :func:`paired_vs_eager_table`. Groups that timed one scope only give no rows.
     """
     rows = paired_rows(df)
-    rows = rows[rows["backend"] == "compile"]
+    rows = rows[rows["backend"].map(compiles).astype(bool)]
     why = noise_by_case(df, df.attrs.get("noise_thresholds"), by_session=True)
     out = []
     for gk, g in rows.groupby([*EAGER_KEYS, "compile_mode", "attempt"], dropna=False, sort=False):

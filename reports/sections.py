@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.rundir.records import aborted_summary
+from harness.step.backends import plain
 from routers import BASELINE
 
 from . import (cautions, conventions, count_figures, declared, floor, frame, impls, paired, paper_baseline, race, sentences,
@@ -169,7 +170,7 @@ def _cost_sections(df: pd.DataFrame, figs: dict[str, Path | None],
                                   "its model FLOP and MFU cells are blank")) is not None:
         cost.blocks.append(("text", said))
     bt = tables.backend_table(df)
-    bt = bt[bt["backend"] != "eager"]
+    bt = bt[~bt["backend"].map(plain).astype(bool)]
     backends = Section("Backends: compiled and graph-replayed vs eager", [(
         "text", "Paired: each compiled step timed in one interleaved group with the eager step of "
                 "the same router, impl and shape; vs eager = median over rounds of compiled / eager "

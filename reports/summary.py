@@ -24,7 +24,7 @@ import textwrap
 
 import pandas as pd
 
-from harness.step.backends import DEFAULT_COMPILE_SCOPE
+from harness.step.backends import BY_NAME, DEFAULT_COMPILE_SCOPE, compiles, plain
 
 from . import busy, declared, floor, frame, paired, paper_baseline, tables
 from .sentences import cost_sentence
@@ -76,9 +76,10 @@ COLUMN_STYLE = {
 
 def _label(backend: str, scope, several_scopes: bool, keep) -> tuple[str, str]:
     """The column prefix and the sentence's word for one backend (and compile scope)."""
-    if backend == "cudagraph":
-        return "cudagraph", "graph replay"
-    if backend == "compile":
+    b = BY_NAME.get(backend)  # a name the records hold; another (or none) is shown as it is
+    if b is not None and b.captures:
+        return b.name, b.word
+    if b is not None and b.compiles:
         if scope == keep or scope != scope or scope is None:
             return "compile", f"compiled ({keep} scope)" if several_scopes else "compiled"
         return f"compile_{scope}", f"compiled ({scope} scope)"
@@ -196,7 +197,7 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
     if pt.empty:
         return pd.DataFrame(columns=COLUMNS)
     scope = pt["compile_scope"] if "compile_scope" in pt else pd.Series(None, index=pt.index)
-    scopes = sorted(scope[pt["backend"] == "compile"].dropna().unique())
+    scopes = sorted(scope[pt["backend"].map(compiles).astype(bool)].dropna().unique())
     keep = DEFAULT_COMPILE_SCOPE if DEFAULT_COMPILE_SCOPE in scopes else (scopes or [None])[0]
     labels = [_label(b, s, len(scopes) > 1, keep) for b, s in zip(pt["backend"], scope)]
     pt["_key"] = [k for k, _ in labels]
@@ -232,9 +233,9 @@ def cost_summary(df: pd.DataFrame, manifests: dict[str, dict] | None = None) -> 
         out = out.drop(columns="_busy_rec")
     ov = tables.overhead_table(df)
     if not ov.empty:
-        ov = ov[ov["backend"] == "eager"][[*keys, "saved_ratio"]].drop_duplicates(keys)
+        ov = ov[ov["backend"].map(plain).astype(bool)][[*keys, "saved_ratio"]].drop_duplicates(keys)
         out = out.merge(ov, on=keys, how="left")
-    extra = [f"{k}_{c}" for k, _ in words if k not in ("eager", "compile", "cudagraph")
+    extra = [f"{k}_{c}" for k, _ in words if k not in BY_NAME
              for c in ("ratio", "lo", "hi", "noisy", "floor")]
     for key in dict.fromkeys(failed["_key"]):  # a backend without a timing says why, where it failed
         f = failed[failed["_key"] == key][[*FAILED_KEYS, "failed"]].rename(columns={"failed": f"{key}_failed"})

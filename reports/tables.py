@@ -15,6 +15,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from harness.step.backends import plain
 from routers import BASELINE
 
 from . import declared
@@ -142,7 +143,7 @@ def backend_table(df: pd.DataFrame) -> pd.DataFrame:
     if t.empty:
         return pd.DataFrame(columns=cols)
     same = [k for k in CASE_KEYS if k not in ("backend", "compile_mode", "compile_scope")]
-    eager = t[t["backend"] == "eager"].groupby(same, dropna=False)["median_ms"].median()
+    eager = t[t["backend"].map(plain).astype(bool)].groupby(same, dropna=False)["median_ms"].median()
     t = t.merge(eager.rename("eager_ms").reset_index(), on=same, how="left")
     t["vs_eager"] = t["median_ms"].astype(float) / t["eager_ms"].astype(float)
     setup = pd.concat([_median(cost_rows(df), m, CASE_KEYS, "setup_s")

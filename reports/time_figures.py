@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from harness.step.backends import compiles, plain  # noqa: E402
 from routers import BASELINE  # noqa: E402
 
 from . import frame, paired, tables  # noqa: E402
@@ -159,7 +160,7 @@ def compile_vs_eager(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
                                 "paired_vs_eager_hi": "hi"})
     else:  # older runs: the backends were timed apart, so only unpaired medians exist
         bt = tables.backend_table(df)
-        bt = bt[(bt["backend"] != "eager") & bt["vs_eager"].notna()].copy()
+        bt = bt[~bt["backend"].map(plain).astype(bool) & bt["vs_eager"].notna()].copy()
         bt["lo"] = bt["hi"] = np.nan
     if bt.empty:
         return None
@@ -225,7 +226,7 @@ def compile_time_vs_depth(df: pd.DataFrame, out_dir: Path | str) -> Path | None:
         at two or more depths.
     """
     t = frame.ok_rows(frame.cost_rows(df), "compile_time")
-    t = t[t["backend"] == "compile"]
+    t = t[t["backend"].map(compiles).astype(bool)]
     if t.empty:
         return None
     hits = df[(df["metric"] == "fxgraph_cache_hit") & (df["status"] == "ok")].groupby("case_key")["value"].max()

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import torch
 
-import harness.sweep.prepare as prepare
 from harness.rundir.records import load_rows
 from harness.rundir.writer import RunWriter
 from harness.step import backends
@@ -98,7 +97,7 @@ def test_model_scope_compile_equals_eager(name, impl):
 @pytest.mark.compile
 def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypatch):
     """A shape change after warm-up makes dynamo recompile; the guard turns it into an error."""
-    real = prepare.make_step
+    real = backends.make_step
     calls = {"n": 0}
 
     def shape_changing_step(model, mode, x, y, **kw):
@@ -109,7 +108,7 @@ def test_recompile_during_timing_is_an_error_row_not_a_timing(tmp_path, monkeypa
             return steps[calls["n"] > 3]()  # compile + 2 warm-up steps, then a new shape
         return step
 
-    monkeypatch.setattr(prepare, "make_step", shape_changing_step)
+    monkeypatch.setattr(backends, "make_step", shape_changing_step)  # the backend makes the step
     case = expand(["prenorm"], CFG, [16], [2], ["fwd"], backends=["compile"])
     with RunWriter(tmp_path, "run", "s") as w:
         assert run_sweep(case, torch.device("cpu"), w, FAST, progress=False) == {"resumed": 0, "error": 1}
@@ -137,7 +136,7 @@ def test_capture_failure_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeyp
     def failing(*a, **k):
         raise CaptureError("capture of mode fwd failed: synthetic cause")
 
-    monkeypatch.setattr(prepare, "GraphedStep", failing)
+    monkeypatch.setattr(backends, "GraphedStep", failing)  # the backend captures the step
     monkeypatch.setattr(backends, "unavailable_reason", lambda *a: None)  # pretend CUDA is here
     cases = expand(["prenorm", "haares"], CFG, [16], [2], ["fwd"], backends=["cudagraph"])
     with RunWriter(tmp_path, "run", "s") as w:

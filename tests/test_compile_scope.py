@@ -274,7 +274,7 @@ def test_inductor_compiles_each_region_once_at_4_and_at_8_layers(name, impl):
 def test_a_region_that_recompiles_is_an_error_row_not_an_eager_fallback(monkeypatch):
     """Every region may compile once (``fail_on_recompile_limit_hit``): a step whose input shape
     changes after its first call makes a region compile again, and the case is an error row."""
-    real = prepare.make_step
+    real = backends.make_step
     calls = {"n": 0}
 
     def shape_changing_step(model, mode, x, y, **kw):
@@ -285,7 +285,7 @@ def test_a_region_that_recompiles_is_an_error_row_not_an_eager_fallback(monkeypa
             return steps[calls["n"] > 1]()
         return step
 
-    monkeypatch.setattr(prepare, "make_step", shape_changing_step)
+    monkeypatch.setattr(backends, "make_step", shape_changing_step)  # the backend makes the step
     cfg = DecoderConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8, batch_size=2)
     case = Case("prenorm", cfg, "fwd", "compile", "default", compile_scope="layer")
     w = MemoryWriter({"device": "cpu"})

@@ -37,6 +37,7 @@ import torch
 from harness.step import backends
 from harness.step.modes import MODES
 from harness.stats.bootstrap import MIN_PAIRS_FOR_CI
+from harness.step.backends import compiles
 from harness.sweep.cases import Case
 from routers import BASELINE
 from workloads.config import PRESETS, DecoderConfig
@@ -127,7 +128,7 @@ def pair_case(router: str, *, backend: str = "eager", shape: DecoderConfig | str
     impl = impls[0] if impl is None else impl
     if impl not in impls:
         raise ValueError(f"impl={impl!r}: {router} offers {', '.join(impls)}")
-    if compile_mode is None and backend == "compile":
+    if compile_mode is None and compiles(backend):
         compile_mode = "default"
     if compile_mode not in backends.BACKENDS[backend]:
         raise ValueError(f"compile_mode={compile_mode!r}: {backend} takes "
@@ -137,7 +138,7 @@ def pair_case(router: str, *, backend: str = "eager", shape: DecoderConfig | str
     cfg = resolve_shape(shape)
     opts = dict(router_options or {})
     check_router_options(router, opts, cfg.d_model, cfg.n_layers, label="router_options")
-    scope = backends.DEFAULT_COMPILE_SCOPE if backend == "compile" else None
+    scope = backends.DEFAULT_COMPILE_SCOPE if compiles(backend) else None
     base = Case(BASELINE, cfg, mode, backend, compile_mode, (), router_class(BASELINE).impls[0],
                 compile_scope=scope)
     case = Case(router, cfg, mode, backend, compile_mode, tuple(sorted(opts.items())), impl, compile_scope=scope)

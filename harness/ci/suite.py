@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.step.backends import of
 from harness.sweep.cases import Case
 from routers import BASELINE, ROUTERS, router_class
 from workloads.config import PRESETS, DecoderConfig
@@ -119,6 +120,6 @@ def suite_pairs(suite: str) -> list[BenchPair]:
                      if (BASELINE, i, c.backend, c.mode, c.cfg) in by), None)
         if c.router != BASELINE and base is not None:
             pairs.append(BenchPair("vs_prenorm", base, c, ROUNDS[suite]))
-        if c.backend != "eager" and (c.router, c.impl, "eager", c.mode, c.cfg) in by:
+        if not of(c.backend).plain and (c.router, c.impl, "eager", c.mode, c.cfg) in by:
             pairs.append(BenchPair("vs_eager", by[(c.router, c.impl, "eager", c.mode, c.cfg)], c, ROUNDS[suite]))
     return pairs

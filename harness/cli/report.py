@@ -191,6 +191,7 @@ def _paired_text(pt, pv, pp=None) -> str:
 
 
 def _unpaired(df) -> None:
+    from harness.step.backends import BY_NAME
     from reports.tables import backend_table
     for note in df.attrs.get("plugin_notes", []):  # a plugin the runs recorded, not loaded here
         click.echo(f"Plugins: {note}.")
@@ -198,7 +199,8 @@ def _unpaired(df) -> None:
     if t.empty:
         click.echo("no ok step_time rows")
         return
-    t.loc[t.backend == "eager", "vs_eager"] = float("nan")  # eager against itself is 1.00 always: "–"
+    plain = t.backend.map(lambda b: b in BY_NAME and BY_NAME[b].plain).astype(bool)
+    t.loc[plain, "vs_eager"] = float("nan")  # eager against itself is 1.00 always: "–"
     t = t.assign(shape=t.apply(lambda r: f"d{r.d_model} L{r.n_layers} T{r.seq_len} B{r.batch_size}", axis=1),
                  backend=t.backend + t.compile_mode.map(lambda m: f"[{m}]" if m else "")
                  + t.compile_scope.map(lambda m: f"[{m}]" if m else ""))

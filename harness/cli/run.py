@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from harness.step.backends import captures, compiles
 from harness.sweep.options import timing_manifest
 
 from . import SHORT_HELP
@@ -119,11 +120,11 @@ def what_to_change(run_dir) -> str:
     from harness.rundir.records import load_rows
     skipped = [r for r in load_rows([run_dir]) if r.get("metric") == "step_time" and r.get("status") == "skipped"]
     fixes = []
-    if any(r.get("backend") == "cudagraph" for r in skipped):
+    if any(captures(r.get("backend")) for r in skipped):
         fixes.append("--backends eager or compile (cudagraph captures CUDA work)")
-    if any(r.get("backend") == "compile" and r.get("compile_mode") == "reduce-overhead" for r in skipped):
+    if any(compiles(r.get("backend")) and r.get("compile_mode") == "reduce-overhead" for r in skipped):
         fixes.append("--compile-modes default or max-autotune-no-cudagraphs (reduce-overhead uses CUDA graphs)")
-    if any(r.get("backend") != "cudagraph" and r.get("compile_mode") != "reduce-overhead" for r in skipped):
+    if any(not captures(r.get("backend")) and r.get("compile_mode") != "reduce-overhead" for r in skipped):
         fixes.append("--impls naive, two_phase or lean (an impl that cannot run here)")
     return "use " + "; ".join(fixes) if fixes else ""
 

@@ -114,15 +114,9 @@ def train_study(spec, labels, corpus, device, threads: int, command_started: flo
     run.finish(command_started)
 
 
-#: What each backend does to a study run's step, as the plan says it.
-BACKEND_WORDS = {"eager": "each op launched from Python",
-                 "compile": "torch.compile(fullgraph=True), compiled once per run, off the clock",
-                 "cudagraph": "forward, backward, clip and AdamW captured in one CUDA graph per run, "
-                              "the capture off the clock"}
-
-
 def backend_line(spec) -> str:
     """``backend: cudagraph (...), precision bf16-mixed`` for the plan."""
     st = spec.study
     scope = f", scope {st.compile_scope}" if st.compile_scope else ""
-    return f"backend: {st.backend}{scope} ({BACKEND_WORDS[st.backend]}), precision {st.precision}"
+    from harness.step.backends import of
+    return f"backend: {st.backend}{scope} ({of(st.backend).plan}), precision {st.precision}"

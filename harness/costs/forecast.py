@@ -53,6 +53,8 @@ import statistics
 from pathlib import Path
 from typing import Iterable
 
+from harness.step.backends import of
+
 from .peak import TRAINING_MODES, model_flops_per_step, peak_flops
 from .router_flops import router_fwd_flops
 
@@ -206,7 +208,7 @@ def step_seconds(cfg, router: str, options: dict, mode: str, device_type: str = 
     (m_lo, m_hi), (r_lo, r_hi) = _throughputs(device_type, device_name, cfg.dtype)
     passes = 3 if mode in (*TRAINING_MODES, "train") else 1
     o_lo, o_hi = SUBLAYER_OVERHEAD_S[kind(device_type)]
-    fused = FUSED_OVERHEAD if backend in ("compile", "cudagraph") else 1.0
+    fused = FUSED_OVERHEAD if of(backend).hides_launches else 1.0
     subl = passes * 2 * cfg.n_layers * fused
     opt = OPTIMIZER_FLOP_PER_PARAM * params if mode in ("train", "train_step") else 0
     return (subl * o_lo + fl["matrix"] / m_hi + (fl["router"] + opt) / r_hi,

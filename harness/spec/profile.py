@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from harness.step import backends
-from harness.step.backends import BACKENDS
+from harness.step.backends import BACKENDS, compiles
 from harness.step.modes import MODES
 from harness.sweep.profile import METHODS
 from routers import ROUTERS, check_router_options, router_options
@@ -83,10 +83,10 @@ class ProfileSpec:
         if impl not in offered:
             raise ConfigError(f"{L('profile.impl')} {impl!r}: router {p.router} offers {', '.join(offered)}")
         backend = p.backend or "eager"
-        if given(p, "compile_mode") and backend != "compile":
+        if given(p, "compile_mode") and not compiles(backend):
             raise ConfigError(f"{L('profile.compile_mode')} has no effect with --backend {backend}; "
                               "use --backend compile or drop it")
-        cm = (p.compile_mode or "default") if backend == "compile" else None
+        cm = (p.compile_mode or "default") if compiles(backend) else None
         reason = backends.unavailable_reason(backend, cm, dev)
         if reason:
             raise ConfigError(f"{L('profile.backend')} {backend}: {reason}; use --backend eager or compile")

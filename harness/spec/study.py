@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
+from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE, compiles, of
 from harness.training.config import PRECISIONS, TRAIN_BACKENDS, default_eval_every
 from harness.training.schedule import SCHEDULES
 from routers import check_router_options
@@ -197,7 +197,7 @@ class StudySpec:
                     raise ConfigError(f"{L('study.block_length')} {st.block_length} does not divide depth "
                                       f"{d} ({L('study.depths')}): the blocks would differ in length; choose "
                                       "a length that divides every depth, or --blocks")
-        if given(st, "compile_scope") and st.backend != "compile":
+        if given(st, "compile_scope") and not compiles(st.backend):
             raise ConfigError(f"{L('study.compile_scope')} has no effect without {L('study.backend')} "
                               "compile; drop it or add --backend compile")
         backend = st.backend or "eager"
@@ -219,7 +219,7 @@ class StudySpec:
                           warmup_steps=tp.warmup_steps.value if st.warmup_steps is None else st.warmup_steps,
                           precision=st.precision or "fp32", schedule=st.schedule or "auto",
                           backend=backend, compile_scope=(st.compile_scope or DEFAULT_COMPILE_SCOPE)
-                          if backend == "compile" else None,
+                          if compiles(backend) else None,
                           estimate_steps=st.estimate_steps or 3),
             launch=launch, output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)))
         cfg0 = resolved.decoder_config(depths[0])
@@ -346,7 +346,7 @@ class StudySpec:
         other than eager and a precision other than fp32 are named in it."""
         st = self.study
         cfg = self.decoder_config(st.depths[0])
-        how = "".join(f", {w}" for w in (f"backend {st.backend}" if st.backend not in (None, "eager") else "",
+        how = "".join(f", {w}" for w in (f"backend {st.backend}" if not of(st.backend).plain else "",
                                          st.precision if st.precision not in (None, "fp32") else "") if w)
         what = (f"d={cfg.d_model}, T={cfg.seq_len}, B={cfg.batch_size}, {st.max_steps} steps, "
                 f"{_seed_words(st)}, depths {','.join(map(str, st.depths))}{how}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
+from harness.step.backends import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE, compiles
 from harness.training.config import (PILOT_SEED, PRECISIONS, TRAIN_BACKENDS, check_world_size,
                                      default_eval_every)
 from harness.training.schedule import SCHEDULES
@@ -149,7 +149,7 @@ class TrainSpec:
             if len(corpus.val) < base.seq_len + 1:
                 raise ConfigError(f"{L('shape.seq_len')} {base.seq_len}: the validation split of "
                                   f"{tr.data} has only {len(corpus.val)} tokens; lower it")
-        if given(tr, "compile_scope") and tr.backend != "compile":
+        if given(tr, "compile_scope") and not compiles(tr.backend):
             raise ConfigError(f"{L('training.compile_scope')} has no effect without {L('training.backend')} "
                               "compile; drop it or add --backend compile")
         if given(tr, "chunk") and tr.schedule == "sequential":
@@ -172,7 +172,7 @@ class TrainSpec:
                              schedule=tr.schedule or "auto",
                              chunk=None if tr.schedule == "sequential" else (tr.chunk or eval_every),
                              backend=tr.backend or "eager", precision=precision, grad_accum=tr.grad_accum or 1,
-                             compile_scope=(tr.compile_scope or DEFAULT_COMPILE_SCOPE) if tr.backend == "compile"
+                             compile_scope=(tr.compile_scope or DEFAULT_COMPILE_SCOPE) if compiles(tr.backend)
                              else None,
                              warmup_steps=20 if tr.warmup_steps is None else tr.warmup_steps),
             output=replace(out, device=str(dev), report=out.report is not False, quiet=bool(out.quiet)),

@@ -19,12 +19,142 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from .cudagraph import GraphedStep
+from .modes import make_step
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: everything the harness asks of it by name, in one place (the sweep, training,
+    the forecasts, profile and the reports ask this object, never compare its name).
+
+    Attributes:
+        name: the ``--backends`` / ``--backend`` value and the records' ``backend`` column.
+        word: what a report calls its figures (``eager``, ``compiled``, ``graph replay``).
+        devices: the device types it runs on.
+        modes: its compile modes (``(None,)`` where not applicable); the first is the default.
+        compiles: whether it runs torch.compile (compile modes and scopes, ``compile_time``,
+            ``graph_breaks``, the compile rows, a recompile while timed is an error).
+        captures: whether it captures a CUDA graph (``capture_time``; CUDA only; a group of its own).
+        plain: whether each op is launched from Python as written (the reference the others are
+            measured against: ``vs eager``; saved activations and profiler labels are its own).
+        warmup_metric: the training row of its untimed warm-up (``warmup_time``, ``compile_time``,
+            ``capture_time``).
+        plan: what one training step is under it, as the plan says it.
+    """
+
+    name: str
+    word: str
+    devices: tuple[str, ...]
+    modes: tuple[str | None, ...] = (None,)
+    compiles: bool = False
+    captures: bool = False
+    plain: bool = False
+    warmup_metric: str = "warmup_time"
+    plan: str = ""
+
+    @property
+    def hides_launches(self) -> bool:
+        """Whether its steps do not pay a Python launch per op (compiled or replayed)."""
+        return not self.plain
+
+    def scope(self, compile_scope: str | None) -> str | None:
+        """``compile_scope`` where it compiles, else None (a scope means nothing to it)."""
+        return compile_scope if self.compiles else None
+
+    def unavailable(self, compile_mode: str | None, device: torch.device) -> str | None:
+        """Why it (with ``compile_mode``) cannot run on ``device``, or None when it can."""
+        if self.compiles and compile_mode == "reduce-overhead" and device.type != "cuda":
+            return "compile mode reduce-overhead uses CUDA graphs: no CUDA device here"
+        if self.captures and device.type != "cuda":
+            return f"{self.name} captures CUDA work: no CUDA device here"
+        return None
+
+    @property
+    def stage(self) -> str | None:
+        """The heartbeat stage of its set-up (``compile``, ``capture``), None where it has none."""
+        return "compile" if self.compiles else "capture" if self.captures else None
+
+    def ready_step(self, model: nn.Module, mode: str, x, y, device: torch.device, compile_mode: str | None = None,
+                   compile_scope: str | None = None, decode_input=None,
+                   record: Callable[[str, float, str], None] | None = None) -> Callable[[], object]:
+        """The step of ``mode`` (:func:`harness.step.modes.make_step`) on this backend, set up, with
+        its set-up rows given to ``record(metric, value, unit)``: eager, the model's step; compile,
+        the compiled step (:func:`prepare`), ``compile_time`` (its first call, the compile, off
+        the clock) and ``graph_breaks``; cudagraph, the step captured in a CUDA graph
+        (:class:`harness.step.cudagraph.GraphedStep`) and ``capture_time``.
+
+        Raises:
+            whatever the compile or the capture raises (the caller records it as the case's row).
+        """
+        record = record or (lambda metric, value, unit: None)
+        if self.captures:
+            step = GraphedStep(model, mode, x, y, decode_input=decode_input)
+            record("capture_time", step.capture_time_s, "s")
+            return step
+        prepared = prepare(model, self.name, compile_mode, compile_scope)
+        step = make_step(prepared.model, mode, x, y, clone_outputs=prepared.clone_outputs, decode_input=decode_input)
+        if self.compiles:
+            record("compile_time", first_call_seconds(step, device), "s")
+            record("graph_breaks", graph_breaks(), "count")
+        return step
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """While its steps are timed: a recompile raises instead of running new code."""
+        if self.compiles:
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                yield
+        else:
+            yield
+
+
+EAGER = Backend("eager", "eager", ("cpu", "cuda"), plain=True, plan="each op launched from Python")
+COMPILE = Backend("compile", "compiled", ("cpu", "cuda"), ("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
+                  compiles=True, warmup_metric="compile_time",
+                  plan="torch.compile(fullgraph=True), compiled once per run, off the clock")
+CUDAGRAPH = Backend("cudagraph", "graph replay", ("cuda",), captures=True, warmup_metric="capture_time",
+                    plan="forward, backward, clip and AdamW captured in one CUDA graph per run, the capture "
+                         "off the clock")
+#: Every backend by name, in the order the CLI lists them.
+BY_NAME: dict[str, Backend] = {b.name: b for b in (EAGER, COMPILE, CUDAGRAPH)}
 #: backend -> its compile modes (``None`` where not applicable); the first is the default.
-BACKENDS: dict[str, tuple[str | None, ...]] = {
-    "eager": (None,),
-    "compile": ("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
-    "cudagraph": (None,),
-}
+BACKENDS: dict[str, tuple[str | None, ...]] = {b.name: b.modes for b in BY_NAME.values()}
+
+
+def of(name: str | None) -> Backend:
+    """The backend named ``name`` (None: eager, the default everywhere).
+
+    Raises:
+        ValueError: an unknown name (the CLI's choices make it unreachable from the command line).
+    """
+    if name is None:
+        return EAGER
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"--backends: unknown backend {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+def compiles(name: object) -> bool:
+    """Whether backend ``name`` runs torch.compile (False for None, NaN or a name no backend has: a
+    records column may hold any of them)."""
+    b = BY_NAME.get(name) if isinstance(name, str) else None
+    return b is not None and b.compiles
+
+
+def captures(name: object) -> bool:
+    """Whether backend ``name`` captures a CUDA graph (False as :func:`compiles` is)."""
+    b = BY_NAME.get(name) if isinstance(name, str) else None
+    return b is not None and b.captures
+
+
+def plain(name: object) -> bool:
+    """Whether backend ``name`` launches each op as written, the reference ``vs eager`` is taken
+    against (False as :func:`compiles` is)."""
+    b = BY_NAME.get(name) if isinstance(name, str) else None
+    return b is not None and b.plain
+
+
 #: What one compiled graph of the ``compile`` backend holds: ``layer``, one region per sublayer
 #: role, each compiled once and called at every slot of its role
 #: (:class:`workloads.decoder.Regions`), so compile time does not grow with depth; ``model``, the
@@ -40,11 +170,7 @@ DEFAULT_COMPILE_SCOPE = "model"
 
 def unavailable_reason(backend: str, compile_mode: str | None, device: torch.device) -> str | None:
     """Why ``backend``/``compile_mode`` cannot run on ``device``, or None when it can."""
-    if backend == "compile" and compile_mode == "reduce-overhead" and device.type != "cuda":
-        return "compile mode reduce-overhead uses CUDA graphs: no CUDA device here"
-    if backend == "cudagraph" and device.type != "cuda":
-        return "cudagraph captures CUDA work: no CUDA device here"
-    return None
+    return of(backend).unavailable(compile_mode, device)
 
 
 @dataclass
@@ -90,24 +216,23 @@ def prepare(model: nn.Module, backend: str, compile_mode: str | None,
             (each region would start a CUDA-graph-trees step that overwrites the outputs of the
             regions before it: the model scope or the ``cudagraph`` backend capture graphs).
     """
-    if backend == "compile" and compile_mode == "reduce-overhead" and compile_scope == "layer":
+    b = of(backend)
+    if b.compiles and compile_mode == "reduce-overhead" and compile_scope == "layer":
         raise ValueError("--compile-modes reduce-overhead with --compile-scope layer: each compiled region "
                          "would start a CUDA-graph-trees step that overwrites the regions before it; use "
                          "--compile-scope model (or --backends cudagraph)")
-    if backend in ("eager", "cudagraph"):  # cudagraph captures the eager step (harness.step.cudagraph)
+    if not b.compiles:  # cudagraph captures the eager step (harness.step.cudagraph)
         return Prepared(model)
-    if backend == "compile":
-        if _reset_per_case:
-            torch._dynamo.reset()  # no compiled code reused from an earlier case
-        if compile_scope == "layer":
-            from workloads.decoder import Regions
-            model.regions = Regions(lambda f: torch.compile(f, fullgraph=True, mode=compile_mode))
-            return Prepared(model, clone_outputs=compile_mode == "reduce-overhead")
-        if compile_scope not in (None, "model"):
-            raise ValueError(f"--compile-scope: unknown scope {compile_scope!r}; known: {', '.join(COMPILE_SCOPES)}")
-        return Prepared(torch.compile(model, fullgraph=True, mode=compile_mode),
-                        clone_outputs=compile_mode == "reduce-overhead")
-    raise ValueError(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if _reset_per_case:
+        torch._dynamo.reset()  # no compiled code reused from an earlier case
+    if compile_scope == "layer":
+        from workloads.decoder import Regions
+        model.regions = Regions(lambda f: torch.compile(f, fullgraph=True, mode=compile_mode))
+        return Prepared(model, clone_outputs=compile_mode == "reduce-overhead")
+    if compile_scope not in (None, "model"):
+        raise ValueError(f"--compile-scope: unknown scope {compile_scope!r}; known: {', '.join(COMPILE_SCOPES)}")
+    return Prepared(torch.compile(model, fullgraph=True, mode=compile_mode),
+                    clone_outputs=compile_mode == "reduce-overhead")
 
 
 #: The counters behind the compile rows of a case (``torch._dynamo.utils.counters``): dynamo's
@@ -171,10 +296,7 @@ def first_call_seconds(step: Callable[[], object], device: torch.device) -> floa
 @contextlib.contextmanager
 def recompile_guard(backend: str) -> Iterator[None]:
     """While timing a compiled model, a recompile raises instead of running new code."""
-    if backend == "compile":
-        with torch._dynamo.config.patch(error_on_recompile=True):
-            yield
-    else:
+    with of(backend).guard():
         yield
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from harness.step.backends import BACKENDS, COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
+from harness.step.backends import BACKENDS, COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE, compiles
 from harness.step.modes import MODES
 from routers import ROUTERS, build_router, router_class, router_options
 from routers.errors import ConfigError
@@ -160,8 +160,8 @@ def expand(routers: Iterable[str], base: DecoderConfig, widths: Iterable[int], d
         except ConfigError as exc:
             heads = (overrides or {}).get("n_heads", base.n_heads)
             raise ConfigError(f"--widths {d} / --depths {L} with {heads} heads: {exc}") from None
-        cms = (compile_modes or BACKENDS["compile"][:1]) if backend == "compile" else (None,)
-        scopes = (compile_scopes or (DEFAULT_COMPILE_SCOPE,)) if backend == "compile" else (None,)
+        cms = (compile_modes or BACKENDS["compile"][:1]) if compiles(backend) else (None,)
+        scopes = (compile_scopes or (DEFAULT_COMPILE_SCOPE,)) if compiles(backend) else (None,)
         for cm, sc in itertools.product(cms, scopes):
             for i, o in impl_variants(r, chosen, opts):
                 cases.append(Case(r, cfg, mode, backend, cm, tuple(sorted(o.items())), i, seed, sc))

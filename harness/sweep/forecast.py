@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from harness.costs import forecast as fc
 from harness.costs.router_flops import flop_note, router_fwd_flops
+from harness.step.backends import compiles
 
 from .cases import Case
 from .options import SweepOptions
@@ -134,11 +135,11 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
             eager = fc.step_seconds(c.cfg, c.router, kw, "fwd_bwd", device_type, device_name)
             setup.append((fc.COUNT_S[0] + fc.COUNT_STEPS[0] * eager[0],
                           fc.COUNT_S[1] + fc.COUNT_STEPS[1] * eager[1]))
-        if c.backend == "compile":
+        if compiles(c.backend):
             compile_.append(fc.compile_seconds(c.cfg, c.router, kw, c.compile_scope, c.mode, device_type))
     # Inductor's start-up and the first case's imports: once per process, so once per unit
     # under --isolate (each unit runs in a child of its own)
-    processes = [u for u in units if any(c.backend == "compile" for c in u)] if opts.isolate else [cases]
+    processes = [u for u in units if any(compiles(c.backend) for c in u)] if opts.isolate else [cases]
     if compile_:
         compile_ += [fc.COMPILE_STARTUP_S] * len(processes)
     if opts.isolate:
@@ -151,8 +152,8 @@ def forecast_sweep(cases: list[Case], opts: SweepOptions, device_type: str = "cp
             peak, peak_i = b, i
     rounds = opts.timing.repeats if opts.precision_target is None else opts.max_rounds
     return SweepForecast(cases=len(cases), units=[len(u) for u in units], paired=opts.paired,
-                         compiled=sum(c.backend == "compile" for c in cases) - sum(
-                             1 for c in cases if c.backend == "compile" and skip_reason(c, here)),
+                         compiled=sum(compiles(c.backend) for c in cases) - sum(
+                             1 for c in cases if compiles(c.backend) and skip_reason(c, here)),
                          skipped=skipped,
                          disk_bytes=fc.record_bytes(len(cases), rounds, max(1, opts.max_attempts)),
                          parts={"setup": fc.add(*setup), "compile": fc.add((0.0, 0.0), *compile_),

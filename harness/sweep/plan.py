@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from harness.costs.estimate import step_bytes
+from harness.step.backends import captures, compiles
 from routers import BASELINE
 
 from .cases import Case
@@ -39,12 +40,12 @@ def group_key(case: Case) -> tuple:
     one shape are timed in one interleaved group, so "vs eager" is a per-pair ratio as "vs prenorm"
     is; CUDA-graph replays keep a group of their own (a capture beside compiled graphs is not
     worth the risk to the others)."""
-    return ("cudagraph" if case.backend == "cudagraph" else "eager/compile", case.mode, case.cfg, case.seed)
+    return ("cudagraph" if captures(case.backend) else "eager/compile", case.mode, case.cfg, case.seed)
 
 
 def pairable(case: Case) -> bool:
     """Whether the case can be timed in a group (``reduce-overhead`` cannot: see the module doc)."""
-    return not (case.backend == "compile" and case.compile_mode == "reduce-overhead")
+    return not (compiles(case.backend) and case.compile_mode == "reduce-overhead")
 
 
 def split_group(group: list[Case], budget: int | None) -> list[list[Case]]:

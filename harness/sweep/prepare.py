@@ -27,7 +27,7 @@ from harness.costs.memory import cuda_peak_memory, model_tensors, saved_activati
 from harness.rundir import faults
 from harness.rundir.writer import StagingWriter
 from harness.step import backends
-from harness.step.cudagraph import GraphedStep
+from harness.step.backends import compiles, of
 from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.step.guard import capture_findings
 from harness.step.modes import make_optimizer, make_step, prefill_for_decode
@@ -96,7 +96,7 @@ def impl_unavailable(case: Case, device: torch.device) -> str | None:
     if impl.builtin:  # ours: naive, two_phase and lean run anywhere; fused needs Triton and CUDA (or its
         return impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)  # interpreter), and no float64
     why = impl.unavailable_reason(device.type, case.cfg.dtype, case.mode)
-    if why is None and device.type == "cpu" and impl.interpretable and case.backend != "eager":
+    if why is None and device.type == "cpu" and impl.interpretable and not of(case.backend).plain:
         why = f"impl {impl.name} runs on a CPU only under Triton's interpreter, eager only (not {case.backend})"
     return why
 
@@ -165,84 +165,51 @@ class Setup(NamedTuple):
 def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: SweepOptions,
                  count_flops: bool = True, heartbeat: Heartbeat | None = None, k: int = 1,
                  n: int = 1) -> Setup:
-    """Set one case up to be timed, writing its rows to ``w`` as they are measured.
-
-    ``heartbeat`` (:class:`Heartbeat`, weight 1) is called before each stage that runs: ``parity``
-    (an impl other than naive, before the model is built), ``build``, ``count`` (with
-    ``count_flops``), ``saved_activation``, ``compile`` or ``capture``, ``peak_memory``,
-    ``warmup`` and (eager on CUDA) ``device_busy``; its texts name the case as model ``k`` of the
-    group's ``n``.
-
-    Rows: ``parity_error`` (an impl other than naive), ``params_matrix`` / ``params_router``;
-    with ``count_flops`` the router's cost models, the ops of one eager step of the case's own
-    model (``ops_fwd``, ``ops_bwd``; on CUDA ``kernels_fwd_bwd``) and (``opts.flops``) its FLOPs; with
-    ``opts.memory`` ``saved_activation`` (eager ``fwd_bwd``) and on CUDA ``peak_allocated`` /
-    ``peak_reserved``; ``compile_time`` and ``graph_breaks`` (compile) or ``capture_time``
-    (cudagraph); eager on CUDA ``device_busy`` (:func:`harness.timing.gpu.device_busy_share`). A
-    case that cannot run writes its ``step_time`` row with the reason; a
-    ``cudagraph`` case without CUDA is still built and its step checked for what would break its
-    capture (:func:`capture_preflight`), which its ``skipped`` row names by file and line.
+    """Set one case up to be timed, writing its rows to ``w`` as they are measured: the module
+    doc's stages, each after a ``heartbeat`` (:class:`Heartbeat`; model ``k`` of the group's ``n``).
+    Rows: ``parity_error``, ``params_matrix`` / ``params_router``, :func:`_count`'s (``count_flops``),
+    ``saved_activation`` and CUDA peak memory (``opts.memory``), the backend's
+    (:meth:`harness.step.backends.Backend.ready_step`), :func:`_after_warmup`'s; else the
+    ``step_time`` row of :func:`_unrunnable` (``skipped``) or :func:`_failed` (``error``, ``oom``).
 
     Returns:
-        :class:`Setup`: ``ok`` and the warm step, or ``skipped`` / ``error`` / ``oom`` and why.
-    """
-    cols = case.columns()
+        :class:`Setup`: ``ok`` and the warm step, or ``skipped`` / ``error`` / ``oom`` and why."""
+    cols, b = case.columns(), backends.of(case.backend)
     label = f"model {k} of {n} ({case_label(case)})"
 
     def beat(stage: str, text: str) -> None:
         (heartbeat or no_beat)(stage, 1, text=text, case=case.key, router=case.router, k=k, n=n)
 
-    reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
-    if reason and case.backend == "cudagraph" and impl_unavailable(case, device) is None:
-        beat("capture", f"checking {label} for what would break a CUDA-graph capture (no CUDA here)")
-        reason = capture_preflight(case, device, reason, quiet=opts.quiet)
-    reason = reason or impl_unavailable(case, device)
-    if reason:
+    if reason := _unrunnable(case, device, opts, beat, label):
         w.write(**cols, metric="step_time", unit="ms", status="skipped", error=reason)
         return Setup("skipped", error=reason)
     try:
         faults.maybe_inject(case.key)  # the test hook (harness/rundir/faults.py); a no-op unless set
         if parity.needs_parity(case):
             beat("parity", f"checking parity of {label} against naive")
-        why = parity.check_parity(case, device, w)
-        if why is not None:
+        if (why := parity.check_parity(case, device, w)) is not None:
             return Setup("error", error=why)
         beat("build", f"building {label}")
         model = build_model(case, device)
         params = parameter_counts(model)
-        w.write(**cols, metric="params_matrix", value=params["matrix"], unit="count")
-        w.write(**cols, metric="params_router", value=params["router"], unit="count")
-        x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len,
-                               seed=case.seed, device=device)
+        for part in ("matrix", "router"):
+            w.write(**cols, metric=f"params_{part}", value=params[part], unit="count")
+        x, y = synthetic_batch(case.cfg.vocab_size, case.cfg.batch_size, case.cfg.seq_len, seed=case.seed,
+                               device=device)
         if count_flops:
             beat("count", f"counting {'FLOPs, ' if opts.flops else ''}cost models and ops of {label}")
-            # lean's FLOPs are its naive twin's (fvcore cannot see into its Functions); its state
-            # and traffic models are its own (a peer kernel's traffic is opaque: its twin's)
-            lean = "impl" in case.router_kwargs() and impls.get(case.impl, case.router).backward == "recompute"
-            counts.count_case(case, naive_twin(case, model), x, w, opts.flops, costs_of=model if lean else None,
-                              ops_of=model, y=y)
-            if opts.flops and lean:
-                counts.measure_recompute(case, model, x, w)
-        if opts.memory and case.mode == "fwd_bwd" and case.backend == "eager":
+            _count(case, model, x, y, w, opts)
+        if opts.memory and case.mode == "fwd_bwd" and b.plain:
             beat("saved_activation", f"measuring saved activations of {label}")
-            # autograd's saved tensors of the eager graph (a compiled graph saves its own set)
-            model.train()
-            saved = saved_activation_bytes(lambda: model(x), exclude=model_tensors(model))
-            w.write(**cols, metric="saved_activation", value=saved, unit="bytes")
+            model.train()  # autograd's saved tensors of the eager graph (a compiled graph saves its own)
+            w.write(**cols, metric="saved_activation", unit="bytes",
+                    value=saved_activation_bytes(lambda: model(x), exclude=model_tensors(model)))
         decode_input = prefill_for_decode(model, x) if case.mode == "decode" else None
-        counted = backends.compile_counters() if case.backend == "compile" else None
-        if case.backend == "compile":
-            beat("compile", f"compiling {label}")
-        prepared = backends.prepare(model, case.backend, case.compile_mode, case.compile_scope)
-        step = make_step(prepared.model, case.mode, x, y, clone_outputs=prepared.clone_outputs,
-                         decode_input=decode_input)
-        if case.backend == "compile":
-            w.write(**cols, metric="compile_time", value=backends.first_call_seconds(step, device), unit="s")
-            w.write(**cols, metric="graph_breaks", value=backends.graph_breaks(), unit="count")
-        elif case.backend == "cudagraph":
-            beat("capture", f"capturing {label} in a CUDA graph")
-            step = GraphedStep(model, case.mode, x, y, decode_input=decode_input)
-            w.write(**cols, metric="capture_time", value=step.capture_time_s, unit="s")
+        counted = backends.compile_counters() if b.compiles else None
+        if b.stage is not None:
+            beat(b.stage, f"compiling {label}" if b.compiles else f"capturing {label} in a CUDA graph")
+        step = b.ready_step(model, case.mode, x, y, device, case.compile_mode, case.compile_scope, decode_input,
+                            record=lambda metric, value, unit: w.write(**cols, metric=metric, value=value, unit=unit))
         if opts.memory and device.type == "cuda":
             beat("peak_memory", f"measuring CUDA peak memory of {label}")
             for metric, value in cuda_peak_memory(step, device).items():
@@ -250,27 +217,62 @@ def prepare_case(case: Case, device: torch.device, w: StagingWriter, opts: Sweep
         step = faults.maybe_slow(case.key, step)
         beat("warmup", f"warming up {label}")
         warm_up(step, device, opts.timing)
-        if case.backend == "eager" and device.type == "cuda":  # how much of the eager step the host bounds
-            beat("device_busy", f"tracing the device-busy share of {label}")
-            busy = device_busy_share(step, device)
-            if busy is not None:
-                w.write(**cols, metric="device_busy", value=busy, unit="ratio")
-        if counted is not None:  # the compile's graphs and caches, its warm-up's recompiles included
-            regions = len(model.regions.roles) + 2 if model.regions is not None else 1
-            for metric, value in backends.compile_rows(counted, backends.compile_counters(), regions).items():
-                w.write(**cols, metric=metric, value=value, unit="count")
+        _after_warmup(case, b, model, step, device, w, counted, beat, label)
         return Setup("ok", step, model=model)
-    except torch.cuda.OutOfMemoryError as exc:
-        why = str(exc).splitlines()[0]
-        w.write(**cols, metric="step_time", unit="ms", status="oom", error=why)
-        return Setup("oom", error=why)
     except Exception as exc:  # one broken case never kills a sweep
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        why = f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
-        if poisons_context(exc):  # nothing more can run in this process: the sweep records it
-            raise DeviceContextLost(case.key, why) from exc
-        w.write(**cols, metric="step_time", unit="ms", status="error", error=why)
-        return Setup("error", error=why)
+        return _failed(case, w, exc)
+
+
+def _unrunnable(case: Case, device: torch.device, opts: SweepOptions, beat, label: str) -> str | None:
+    """Why the case cannot run here (:func:`skip_reason`), a ``cudagraph`` case without CUDA
+    checked for what would break its capture first (:func:`capture_preflight`); None when it can."""
+    reason = backends.unavailable_reason(case.backend, case.compile_mode, device)
+    if reason and backends.captures(case.backend) and impl_unavailable(case, device) is None:
+        beat("capture", f"checking {label} for what would break a CUDA-graph capture (no CUDA here)")
+        reason = capture_preflight(case, device, reason, quiet=opts.quiet)
+    return reason or impl_unavailable(case, device)
+
+
+def _count(case: Case, model: Decoder, x, y, w: StagingWriter, opts: SweepOptions) -> None:
+    """The router's cost models, the ops of one eager step (``ops_fwd``, ``ops_bwd``; on CUDA
+    ``kernels_fwd_bwd``) and its FLOPs (``opts.flops``): :func:`harness.sweep.counts.count_case`.
+    lean's FLOPs are its naive twin's (fvcore cannot see into its Functions), its models its own."""
+    lean = "impl" in case.router_kwargs() and impls.get(case.impl, case.router).backward == "recompute"
+    counts.count_case(case, naive_twin(case, model), x, w, opts.flops, costs_of=model if lean else None,
+                      ops_of=model, y=y)
+    if opts.flops and lean:
+        counts.measure_recompute(case, model, x, w)
+
+
+def _after_warmup(case: Case, b: backends.Backend, model: Decoder, step: Step, device: torch.device,
+                  w: StagingWriter, counted: dict[str, int] | None, beat, label: str) -> None:
+    """On the warm step: a plain backend on CUDA, ``device_busy`` (the share of the step the host
+    bounds); a compiled one, the compile's graphs and caches, warm-up recompiles included."""
+    cols = case.columns()
+    if b.plain and device.type == "cuda":
+        beat("device_busy", f"tracing the device-busy share of {label}")
+        if (busy := device_busy_share(step, device)) is not None:
+            w.write(**cols, metric="device_busy", value=busy, unit="ratio")
+    if counted is not None:
+        regions = len(model.regions.roles) + 2 if model.regions is not None else 1
+        for metric, value in backends.compile_rows(counted, backends.compile_counters(), regions).items():
+            w.write(**cols, metric=metric, value=value, unit="count")
+
+
+def _failed(case: Case, w: StagingWriter, exc: Exception) -> Setup:
+    """The row of a case whose set-up raised: ``oom`` (its first line) or ``error`` (type, text and
+    where), unless the error poisons the device, which ends the process's work
+    (:class:`harness.step.device_errors.DeviceContextLost`)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        why = str(exc).splitlines()[0]
+        w.write(**case.columns(), metric="step_time", unit="ms", status="oom", error=why)
+        return Setup("oom", error=why)
+    last = traceback.extract_tb(exc.__traceback__)[-1]
+    why = f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
+    if poisons_context(exc):  # nothing more can run in this process: the sweep records it
+        raise DeviceContextLost(case.key, why) from exc
+    w.write(**case.columns(), metric="step_time", unit="ms", status="error", error=why)
+    return Setup("error", error=why)
 
 
 class NetOfResident:
@@ -309,7 +311,7 @@ def compile_group(cases: list[Case]) -> Iterator[None]:
     are off so a later model's parameter shapes cannot turn an earlier graph dynamic. The
     recompile guard still turns any compile during timing into an error.
     """
-    compiled = [c for c in cases if c.backend == "compile"]
+    compiled = [c for c in cases if compiles(c.backend)]
     if not compiled:
         yield
         return
@@ -362,12 +364,12 @@ def prepare_group(todo: list[tuple[Case, bool]], device: torch.device, w: Stagin
     cases = [c for c, _ in todo]
     group = PreparedGroup()
     lost = False
-    compiles = any(c.backend == "compile" and skip_reason(c, device) is None for c in cases)
-    inductor_ready = backends.warm_inductor(device) if compiles else (lambda: None)
+    any_compiled = any(compiles(c.backend) and skip_reason(c, device) is None for c in cases)
+    inductor_ready = backends.warm_inductor(device) if any_compiled else (lambda: None)
     try:
         with compile_group(cases):
             for k, (case, first) in enumerate(todo, 1):
-                if case.backend == "compile":
+                if compiles(case.backend):
                     inductor_ready()  # Inductor's once-per-process probe, run beside the eager set-ups
                 at = dict(case=case.key, router=case.router, k=k, n=len(todo))
                 beat("case", 1, text=f"setting up model {k} of {len(todo)} ({case_label(case)})", **at)

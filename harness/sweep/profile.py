@@ -43,6 +43,7 @@ from harness.costs.memory import cuda_memory_snapshot
 from harness.rundir.environment import slugify
 from harness.rundir.writer import MemoryWriter, StagingWriter
 from harness.step import backends
+from harness.step.backends import of
 from harness.timing.timer import TimingPolicy
 from routers import BASELINE
 
@@ -63,7 +64,7 @@ _METRIC_SUFFIX = {"labels": "", "paired_difference": "_paired_difference", "rout
 
 def default_methods(backend: str) -> tuple[str, ...]:
     """``labels`` in eager mode; under ``compile`` / ``cudagraph`` labels do not survive."""
-    return ("labels",) if backend == "eager" else ("paired_difference", "router_only")
+    return ("labels",) if of(backend).plain else ("paired_difference", "router_only")
 
 
 def check_methods(methods: Iterable[str], backend: str, compile_mode: str | None = None) -> tuple[str, ...]:
@@ -79,7 +80,7 @@ def check_methods(methods: Iterable[str], backend: str, compile_mode: str | None
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"--methods: unknown method {m!r}; known: {', '.join(METHODS)}")
-    if "labels" in methods and backend != "eager":
+    if "labels" in methods and not of(backend).plain:
         raise ValueError(f"--methods labels: record_function labels do not survive --backend {backend} "
                          "(fusion / graph replay); use paired_difference,router_only or --backend eager")
     if not methods:

@@ -39,10 +39,10 @@ from harness.step.device_errors import DeviceContextLost, poisons_context
 from harness.timing import noise, paired
 from harness.timing.gpu import GpuProbe
 from harness.timing.timer import synchronize, time_steps
-from routers import BASELINE, paper_baseline
 
 from .cases import Case
 from .options import SweepOptions
+from .retime import Job, RetimePolicy, partners, ratio_pairs  # noqa: F401 - partners, ratio_pairs: re-exported
 
 #: Rounds between two progress beats while timing (one ABBA cycle).
 BEAT_ROUNDS = 2
@@ -61,44 +61,17 @@ def _fail(case: Case, w: StagingWriter, exc: BaseException) -> str:
     return status
 
 
-def device_lost(exc: BaseException, keys: list[str]) -> DeviceContextLost:
+def device_lost(exc: BaseException, keys: list[str], alone: bool = False) -> DeviceContextLost:
     """The :class:`DeviceContextLost` of a sticky device error raised while ``keys`` were timed
     together: on the case whose call raised it, or, raised by a synchronisation after a round, on
-    the last case called before it (the error text says so)."""
-    who = paired.failed_step(exc)
+    the last case called before it (the error text says so); ``alone``: while the one case of
+    ``keys`` was timed by itself, on that case, as it is."""
+    who = paired.failed_step(exc) or (keys[0] if alone else None)
     text = _error_text(exc)
     if who is None:
         who = keys[-1]
         text += f" (raised by the synchronisation after a round of {len(keys)} steps; CUDA_LAUNCH_BLOCKING=1 pins it)"
     return DeviceContextLost(who, text)
-
-
-def partners(case: Case, group: list[Case]) -> list[Case]:
-    """The cases ``case``'s ratios are taken against: the prenorm of its backend, compile mode and
-    scope (none for a prenorm), then the router its paper measures it against with the same impl
-    and backend (``routers.paper_baseline``: block_attnres for haares and wav_v1; none when it is
-    not in the group), then its eager twin (same router, options, impl; none for an eager case).
-    The order is the order of a re-time's rounds (prenorm first)."""
-    out = []
-    setting = (case.backend, case.compile_mode, case.compile_scope)
-    base = [c for c in group if c.router == BASELINE and (c.backend, c.compile_mode, c.compile_scope) == setting]
-    if case.router != BASELINE and base:
-        out.append(base[0])
-    paper = paper_baseline(case.router)
-    same = [c for c in group if paper is not None and c.router == paper and c.impl == case.impl
-            and (c.backend, c.compile_mode, c.compile_scope) == setting]
-    out += same[:1]
-    if case.backend != "eager":
-        twin = [c for c in group if c.backend == "eager" and (c.router, c.options, c.impl)
-                == (case.router, case.options, case.impl)]
-        out += twin[:1]
-    return out
-
-
-def ratio_pairs(cases: list[Case]) -> list[tuple[str, str]]:
-    """The ``(A, B)`` case keys of every paired ratio among ``cases``: each case against each of
-    its :func:`partners` present."""
-    return [(p.key, c.key) for c in cases for p in partners(c, cases)]
 
 
 @dataclass
@@ -218,25 +191,23 @@ def record_attempt(cases: dict[str, Case], times: dict[str, list[float]], w: Sta
     out = {}
     pairs_with = pairs_with or {}
     for k, ts in times.items():
-        cols = cases[k].columns()
-        extra = {"n_pairs": len(ts), "stop": stop, "ci_conf": conf, "pairs_with": pairs_with.get(k)}
-        for i, ms in enumerate(ts):
-            w.write(**cols, metric="step_time", value=ms, unit="ms", repeat=i,
-                    pair=i if base is not None else None, attempt=attempt, **extra)
-        if k in pairs_with:
-            continue
-        for i, mhz in enumerate(clocks):
-            if mhz is not None:
-                w.write(**cols, metric="sm_clock_mhz", value=mhz, unit="MHz", repeat=i, attempt=attempt)
-        m = {**readings, "iqr_rel": noise.iqr_rel(ts)}
+        m = {**readings, "iqr_rel": noise.iqr_rel(ts)}  # what the rows say, worked out before they are written
         b = (bases or {}).get(k, base)
         if base is not None and b is not None and k != b and b in times and len(ts) >= MIN_PAIRS_FOR_CI:
             med, lo, hi = ratio_interval(times[b], ts, conf)
             m["ci_width_rel"] = (hi - lo) / med if med > 0 else float("nan")
-        for metric, value in m.items():
-            if value == value:  # not NaN
-                w.write(**cols, metric=metric, value=value, unit=noise.UNITS[metric], attempt=attempt)
-        out[k] = m
+        extra = {"n_pairs": len(ts), "stop": stop, "ci_conf": conf, "pairs_with": pairs_with.get(k)}
+        rows = [dict(metric="step_time", value=ms, unit="ms", repeat=i, pair=i if base is not None else None,
+                     **extra) for i, ms in enumerate(ts)]
+        if k not in pairs_with:  # a partner's rows of a re-time: its step times alone
+            rows += [dict(metric="sm_clock_mhz", value=mhz, unit="MHz", repeat=i) for i, mhz in enumerate(clocks)
+                     if mhz is not None]
+            rows += [dict(metric=metric, value=value, unit=noise.UNITS[metric]) for metric, value in m.items()
+                     if value == value]  # not NaN
+            out[k] = m
+        cols = cases[k].columns()
+        for row in rows:
+            w.write(**cols, **row, attempt=attempt)
     return out
 
 
@@ -252,6 +223,15 @@ class GroupTiming:
     times: dict[str, list[float]] = field(default_factory=dict)
     attempts: dict[str, tuple[int, ...]] = field(default_factory=dict)
     left_noisy: dict[str, float] = field(default_factory=dict)
+
+    def add(self, job: Job, status: dict[str, str], times: dict[str, list[float]]) -> None:
+        """What ``job`` measured: for the cases it was timed for (the whole group, or the re-timed
+        case alone; its partners' times stay those of their own attempts)."""
+        for x in job.keys if job.retimed is None else [job.retimed]:
+            if x in times:
+                self.times[x] = times[x]
+                self.attempts[x] = self.attempts.get(x, ()) + (job.attempt,)
+            self.status[x] = status.get(x, self.status.get(x, "ok"))
 
 
 def _who(case) -> str:
@@ -271,17 +251,18 @@ def still_busy(case_key: str, opts: SweepOptions) -> float | None:
     return p if p is not None and p > top else None
 
 
-def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: SweepOptions, *,
-             attempt: int, backend: str, budget_s: float, beat, retimed: str | None = None
+def _attempt(job: Job, policy: RetimePolicy, steps, device, w, opts: SweepOptions, beat
              ) -> tuple[dict[str, str], dict[str, list[float]], dict[str, dict[str, float]], str]:
-    """One timing of ``keys`` (interleaved, or each alone when that fails) and its rows; also why
+    """One timing of ``job.keys`` (interleaved, or each alone when that fails) and its rows; also why
     its rounds stopped (``precise``, ``budget``, ``max_rounds`` or ``fixed``)."""
-    group = [by_key[k] for k in keys]
+    keys, by_key = job.keys, policy.by_key
     clocks = [noise.sm_clock_mhz(device)]
+    backend = next((by_key[k].backend for k in keys if k in policy.compiled), by_key[keys[0]].backend)
     try:
         with noise.Probe() as probe, GpuProbe(device) as gpu, backends.recompile_guard(backend):
-            got = time_rounds({k: steps[k] for k in keys}, device, opts, ratio_pairs(group), budget_s, beat,
-                              labels={c.key: c.router for c in group})
+            ratios = [(a, b) for a, b in policy.ratios if a in keys and b in keys]
+            got = time_rounds({k: steps[k] for k in keys}, device, opts, ratios, job.budget_s, beat,
+                              labels={k: by_key[k].router for k in keys})
         together = len(keys) > 1
     except Exception as exc:  # one broken step must not take the group down: find it by timing alone
         if poisons_context(exc):  # nothing more can run here: the case that raised it is recorded
@@ -296,94 +277,58 @@ def _attempt(keys: list[str], by_key: dict[str, Case], steps, device, w, opts: S
                     got.times[k] = time_steps(steps[k], device, opts.timing.repeats)
             except Exception as exc:  # noqa: BLE001 - recorded as the case's error row
                 if poisons_context(exc):
-                    raise DeviceContextLost(k, _error_text(exc)) from exc
+                    raise device_lost(exc, [k], alone=True) from exc
                 status[k] = _fail(by_key[k], w, exc)
     timed = {k: got.times[k] for k in keys if k in got.times}
-    bases = {c.key: p[0].key for c in group if (p := partners(c, group)) and p[0].router == BASELINE}
-    readings = record_attempt(by_key, timed, w, attempt=attempt, base=keys[0] if together else None,
+    readings = record_attempt(by_key, timed, w, attempt=job.attempt, base=keys[0] if together else None,
                               readings={**probe.metrics(device), **gpu.metrics()} if probe is not None else {},
                               clocks=clocks, stop=got.stop if together else "fixed",
-                              conf=got.conf if together else None, bases=bases,
-                              pairs_with={k: retimed for k in keys if retimed and k != retimed})
+                              conf=got.conf if together else None, bases=policy.bases,
+                              pairs_with={k: job.retimed for k in keys if job.retimed and k != job.retimed})
     status.update({k: "ok" for k in timed})
     return status, timed, readings if probe is not None else {}, got.stop if together else "fixed"
 
 
 def time_group(cases: list[Case], steps: dict[str, Callable[[], object]], device: torch.device,
                w: StagingWriter, opts: SweepOptions, beat: Callable[..., None] | None = None) -> GroupTiming:
-    """Time the warm steps of a group interleaved, write their rows, and re-time what is noisy.
+    """Time the warm steps of a group interleaved, write their rows, and time again what the
+    re-timing policy (:class:`harness.sweep.retime.RetimePolicy`) asks for until it asks nothing.
 
     Prenorm cases go first (the ``A`` of their backend's pairs), the others follow in the order
-    given; rounds as :func:`time_rounds` (fixed, or to the precision target within
-    ``opts.group_budget_s``). A case is noisy when :func:`harness.timing.noise.noise_reasons`
-    under ``opts.noise_thresholds`` names a reason (machine readings count for every case; after a
-    timing that stopped ``precise`` only they do, not the spread of the times). A noisy
-    case is then timed again with its :func:`partners` as a new attempt of that case (its ratios
-    use that attempt's pairs only); a noisy prenorm re-times the whole group. Re-timing goes on
-    while a case is noisy, up to ``opts.max_attempts`` timings of it, only while the next
-    timing (estimated from the step times of the last) fits in ``opts.remeasure_s`` seconds, and
-    only when the machine is not still busy (:func:`still_busy`): a case that would be re-timed on a
-    busy machine keeps its timing, flagged noisy, with a ``left_noisy`` row (the pressure). If
-    the interleaved timing fails, each step is timed alone (one attempt) so the failure lands on
-    its case.
+    given; rounds as :func:`time_rounds` (fixed, or to the precision target within the job's
+    budget). A job that keeps a noisy timing (the machine still busy, :func:`still_busy`) writes its
+    ``left_noisy`` row and times nothing. If an interleaved timing fails, each step is timed alone
+    (one attempt) so the failure lands on its case.
 
     Returns:
         the final status of each timed case (``ok``, ``error`` or ``oom``), its last times and its
-        number of attempts.
+        attempts.
     """
-    by_key = {c.key: c for c in cases if c.key in steps}
-    keys = sorted(by_key, key=lambda k: by_key[k].router != BASELINE)  # stable: prenorm first
-    backend = "compile" if any(c.backend == "compile" for c in cases) else cases[0].backend
+    policy = RetimePolicy([c for c in cases if c.key in steps], opts, busy=lambda k: still_busy(k, opts))
     result = GroupTiming()
-    status, times, readings, stop = _attempt(keys, by_key, steps, device, w, opts, attempt=1, backend=backend,
-                                             budget_s=opts.group_budget_s, beat=beat)
-    result.status.update(status)
-    result.times.update(times)
-    result.attempts.update({k: (1,) for k in times})
-    spent = 0.0  # seconds spent re-measuring
-    timings = 1  # attempt numbers are the group's timings: one number, one set of rounds
-    pending = [k for k in keys
-               if noise.noise_reasons(readings.get(k, {}), opts.noise_thresholds, precise=stop == "precise")]
-    while pending and len(keys) > 1:
-        k = pending.pop(0)
-        n_of = sum(1 for _ in result.attempts.get(k, ()))
-        if k not in result.times or n_of >= opts.max_attempts:
-            continue
-        whole = by_key[k].router == BASELINE
-        group = [by_key[x] for x in keys]
-        todo = keys if whole else [p.key for p in partners(by_key[k], group) if p.key in result.times] + [k]
-        if len(todo) < 2:
-            continue
-        rounds = opts.timing.repeats if opts.precision_target is None else opts.min_pairs
-        est = (rounds + 1) * sum(float(np.median(result.times[x])) for x in todo) / 1e3
-        left = opts.remeasure_s - spent
-        if est > left:
-            continue
-        if (busy := still_busy(k, opts)) is not None:  # timing again cannot make it quiet: keep it, flagged
-            w.write(**by_key[k].columns(), metric="left_noisy", value=busy, unit="ratio",
-                    attempt=max(result.attempts.get(k, (1,))))
-            result.left_noisy[k] = busy
-            if beat is not None:
-                beat("timing", 1, text=f"{_who(by_key[k])} left noisy: the machine is still busy (a task "
-                     f"waited for a CPU {busy:.0%} of the last 10 s); timing again cannot make it quiet",
-                     round=0)
-            continue
-        t0 = time.perf_counter()
-        timings += 1
-        if beat is not None:
-            beat("timing", len(todo), text=f"re-timing {'the group' if whole else _who(by_key[k])} "
-                 f"(attempt {timings}): noisy", round=0)
-        status, times, readings, stop = _attempt(todo, by_key, steps, device, w, opts, attempt=timings,
-                                                 backend=backend, budget_s=min(opts.group_budget_s, left),
-                                                 beat=beat, retimed=None if whole else k)
-        spent += time.perf_counter() - t0
-        mine = todo if whole else [k]
-        for x in mine:
-            if x in times:
-                result.times[x] = times[x]
-                result.attempts[x] = result.attempts.get(x, ()) + (timings,)
-            result.status[x] = status.get(x, result.status.get(x, "ok"))
-        again = [x for x in mine
-                 if noise.noise_reasons(readings.get(x, {}), opts.noise_thresholds, precise=stop == "precise")]
-        pending = again if whole else pending + again
+    if not policy.keys:  # no case set up: nothing to time
+        return result
+    job: Job | None = policy.first()
+    while job is not None:
+        if job.left_noisy is not None:
+            _keep_noisy(job, policy, result, w, beat)
+        else:
+            if job.attempt > 1 and beat is not None:
+                who = _who(policy.by_key[job.retimed]) if job.retimed else "the group"
+                beat("timing", len(job.keys), text=f"re-timing {who} (attempt {job.attempt}): noisy", round=0)
+            t0 = time.perf_counter()
+            status, times, readings, stop = _attempt(job, policy, steps, device, w, opts, beat)
+            result.add(job, status, times)
+            policy.measured(job, times, readings, stop, time.perf_counter() - t0)
+        job = policy.next()
     return result
+
+
+def _keep_noisy(job: Job, policy: RetimePolicy, result: GroupTiming, w: StagingWriter, beat) -> None:
+    """A noisy case kept with its timing, flagged: its ``left_noisy`` row (the CPU pressure)."""
+    case = policy.by_key[job.retimed]
+    w.write(**case.columns(), metric="left_noisy", value=job.left_noisy, unit="ratio", attempt=job.attempt)
+    result.left_noisy[job.retimed] = job.left_noisy
+    if beat is not None:
+        beat("timing", 1, text=f"{_who(case)} left noisy: the machine is still busy (a task waited for a CPU "
+             f"{job.left_noisy:.0%} of the last 10 s); timing again cannot make it quiet", round=0)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from harness.step import backends
+from harness.step.backends import captures, compiles
 from routers import router_options as _router_options
 from routers.errors import ConfigError
 from workloads.config import DecoderConfig
@@ -108,9 +109,9 @@ class TrainConfig:
             raise ConfigError(f"--backend {self.backend}: one of {', '.join(TRAIN_BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision}: one of {', '.join(PRECISIONS)}")
-        if self.backend == "compile" and self.compile_scope is None:
+        if compiles(self.backend) and self.compile_scope is None:
             object.__setattr__(self, "compile_scope", backends.DEFAULT_COMPILE_SCOPE)
-        if self.compile_scope not in ((None,) if self.backend != "compile" else backends.COMPILE_SCOPES):
+        if self.compile_scope not in ((None,) if not compiles(self.backend) else backends.COMPILE_SCOPES):
             raise ConfigError(f"--compile-scope {self.compile_scope}: one of {', '.join(backends.COMPILE_SCOPES)}, "
                               "with --backend compile only")
         if self.cfg.batch_size % self.grad_accum:
@@ -140,7 +141,7 @@ class TrainConfig:
 def train_unavailable_reason(backend: str, device: torch.device) -> str | None:
     """Why a training run with ``backend`` cannot run here (a ``skipped`` row), or None."""
     why = backends.unavailable_reason(backend, None, device)
-    if why is None and backend == "cudagraph" and distributed.world_size() > 1:
+    if why is None and captures(backend) and distributed.world_size() > 1:
         why = ("cudagraph with DistributedDataParallel is not supported: the captured step would have "
                "to hold DDP's gradient all-reduce; use --backend eager or compile under torchrun")
     return why

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from harness.costs import forecast as fc
 from harness.costs.estimate import decoder_parameter_count, estimate_bytes
+from harness.step.backends import compiles
 
 from .config import TrainConfig, train_options
 from .schedule import MEMORY_FRACTION
@@ -95,7 +96,7 @@ def run_seconds(run: PlannedRun, vocab_size: int, device_type: str = "cpu", devi
     evaluation = fc.add(fc.scale(fwd, tc.eval_batches), ckpt)
     n_evals = sum(1 for s in tc.eval_steps() if s <= run.steps)
     compiled = (fc.compile_seconds(cfg, run.router, opts, tc.compile_scope, "train", device_type)
-                if tc.backend == "compile" else (0.0, 0.0))
+                if compiles(tc.backend) else (0.0, 0.0))
     return {"setup": fc.add(fc.TRAIN_SETUP_S, fc.scale(step, tc.untimed_warmup)), "compile": compiled,
             "steps": fc.scale(step, run.steps), "evals": fc.scale(evaluation, n_evals), "step": step,
             "eval": evaluation}
@@ -128,7 +129,7 @@ def forecast_training(runs: list[PlannedRun], vocab_size: int, device_type: str 
         for k in parts:
             parts[k] = fc.add(parts[k], s[k])
         groups.setdefault(r.group, []).append(run_bytes(r, vocab_size, world_size))
-    if any(r.tc.backend == "compile" for r in runs):
+    if any(compiles(r.tc.backend) for r in runs):
         parts["compile"] = fc.add(parts["compile"], fc.COMPILE_STARTUP_S)  # once per process
     peak, chosen = 0, {}
     for g, sizes in groups.items():
@@ -144,7 +145,7 @@ def forecast_training(runs: list[PlannedRun], vocab_size: int, device_type: str 
     disk = (sum(fc.FINAL_BYTES_PER_PARAM * n + fc.ROW_BYTES * (fc.SETUP_ROWS + 4 * (r.steps // max(1, r.tc.eval_every) + 1))
                 for r, n in zip(runs, params)) + fc.RESUME_BYTES_PER_PARAM * max(by_group.values(), default=0))
     return TrainForecast(runs=len(runs), steps=sum(r.steps for r in runs), parts=parts, peak_bytes=peak,
-                         schedules=chosen, compiled=sum(r.tc.backend == "compile" for r in runs),
+                         schedules=chosen, compiled=sum(compiles(r.tc.backend) for r in runs),
                          disk_bytes=disk)
 
 

@@ -57,7 +57,7 @@ import torch
 
 from harness.rundir import faults
 from harness.stats.curves import crossing
-from harness.step.backends import recompile_guard
+from harness.step.backends import captures, compiles, recompile_guard
 from harness.step.cudagraph import CaptureError
 from harness.step.modes import lm_loss
 from harness.timing import noise
@@ -179,9 +179,9 @@ class TrainRun(RunRows):
         self.model = Decoder(self.cfg, self.router, self.options, init_seed=self.seed).to(dev)
         self.model.train()
         compiled = self.model
-        if tc.backend == "compile" and tc.compile_scope == "layer":  # regions (workloads.decoder)
+        if compiles(tc.backend) and tc.compile_scope == "layer":  # regions (workloads.decoder)
             self.model.regions = Regions(lambda f: torch.compile(f, fullgraph=True))
-        elif tc.backend == "compile":
+        elif compiles(tc.backend):
             compiled = torch.compile(self.model, fullgraph=True)
         self.ddp = None
         if self.world_size > 1:
@@ -193,7 +193,7 @@ class TrainRun(RunRows):
         self.initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         self.val = [(x[self.rows], y[self.rows]) for x, y in
                     fixed_val_batches(self.corpus.val, self.cfg.batch_size, self.cfg.seq_len, tc.eval_batches)]
-        capturable = tc.backend == "cudagraph"
+        capturable = captures(tc.backend)
         self.lr = torch.tensor(tc.lr, device=dev) if capturable else tc.lr
         self.opt = self._optimizer()
         self.fwd = self.ddp if self.ddp is not None else compiled
@@ -211,7 +211,7 @@ class TrainRun(RunRows):
             torch.cuda.current_stream(dev).wait_stream(side)
         synchronize(dev)
         # Under compile the warm-up holds the compile: its time is the compile time (off the clock).
-        warm = "compile_time" if tc.backend == "compile" else "warmup_time"
+        warm = "compile_time" if compiles(tc.backend) else "warmup_time"
         self.setup_times = {warm: time.perf_counter() - t0}
         if capturable:
             t0 = time.perf_counter()
@@ -225,7 +225,7 @@ class TrainRun(RunRows):
             self._pending_steps = 0
 
     def _optimizer(self) -> torch.optim.AdamW:
-        capturable = self.tc.backend == "cudagraph"
+        capturable = captures(self.tc.backend)
         fused = _fused_ok(self.device)
         return torch.optim.AdamW(decay_groups(self.model, self.tc.weight_decay), lr=self.lr,
                                  betas=(0.9, 0.95), fused=fused or None, foreach=None if fused else True,
@@ -263,7 +263,7 @@ class TrainRun(RunRows):
         for j, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
             hold = self.ddp is not None and j < n - 1
             with self.ddp.no_sync() if hold else contextlib.nullcontext():
-                with _autocast(self.device, self.tc.precision, cache=self.tc.backend != "cudagraph"):
+                with _autocast(self.device, self.tc.precision, cache=not captures(self.tc.backend)):
                     loss = lm_loss(self.fwd(xm), ym) / n
                 loss.backward()
             total = total + loss.detach()

@@ -39,7 +39,7 @@ import torch
 from harness.costs.estimate import decoder_parameter_count, estimate_bytes
 from harness.costs.memory import available_bytes
 from harness.rundir.records import RECORDS_FILE, iter_units
-from harness.step.backends import one_dynamo_cache
+from harness.step.backends import compiles, one_dynamo_cache
 
 from . import distributed
 from .checkpoint import checkpoint_dir, save_checkpoint, save_final_weights
@@ -279,7 +279,7 @@ class Trainer:
         groups = [todo] if schedule == "interleaved" else [[r] for r in todo]
         from tqdm import tqdm
         for group in groups:
-            compiled = any(r.tc.backend == "compile" for r in group)
+            compiled = any(compiles(r.tc.backend) for r in group)
             with one_dynamo_cache() if compiled else contextlib.nullcontext():
                 self._shown = {}
                 names = ", ".join(f"{r.router} seed {r.seed}" for r in group)
